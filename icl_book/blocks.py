@@ -25,7 +25,7 @@ def _as_seq(x: torch.Tensor, name: str) -> torch.Tensor:
         raise ValueError(f"{name} must have shape (B, T, d), got {tuple(x.shape)}")
     return x
 
-# %% ../nbs/01_contextual_blocks.ipynb #e8015e65
+# %% ../nbs/01_contextual_blocks.ipynb #f7ae0e13
 class ContextualLayer(nn.Module):
     "A layer A(C, x): the outputs at the query position(s) after reading C."
     d_in: int; d_out: int
@@ -47,6 +47,11 @@ class ContextualLayer(nn.Module):
         if x.shape[2] != self.d_in:
             raise ValueError(f"this layer reads tokens of width {self.d_in}, "
                              f"got x of width {x.shape[2]}")
+        w = next(self.parameters(), None)
+        if w is not None and (w.dtype, w.device) != (x.dtype, x.device):
+            raise ValueError(f"the layer's weights are {w.dtype} on {w.device} "
+                             f"but the inputs are {x.dtype} on {x.device}; "
+                             "convert one with .to(...)")
         out = self.seq(torch.cat([C, x], 1))[:, C.shape[1]:]  # (B, q, d_out)
         return out[:, 0] if single else out
 
