@@ -23,7 +23,10 @@ if command -v npm >/dev/null && fetch mathjax@3.2.2 mj \
 else
   cdn=https://cdn.jsdelivr.net/npm
   shim() { printf 'document.write(%s);\n' "'<script src=\"$1\"></script>'" > "$2"; }
-  shim "$cdn/mathjax@3.2.2/es5/tex-chtml.js" "$out/mathjax/tex-chtml.js"
+  # MathJax is loaded with defer, where document.write is ignored: append instead
+  printf '%s\n' "var s = document.createElement('script');" \
+    "s.src = '$cdn/mathjax@3.2.2/es5/tex-chtml.js'; document.head.appendChild(s);" \
+    > "$out/mathjax/tex-chtml.js"
   shim "$cdn/requirejs@2.3.4/require.js" "$out/require.js"
   shim "$cdn/@jupyter-widgets/html-manager@1.0.6/dist/embed-amd.js" "$out/embed-amd.js"
   echo "vendor: npm unavailable, using CDN loader shims (math needs a network)"

@@ -1,0 +1,43 @@
+# icl_book: two commands.  `make book` builds the HTML book, `make test` runs every check.
+# Needs Python >= 3.11 and make; everything else is installed into .venv.
+PYTHON ?= python3
+TORCH ?= torch==2.13.0
+VENV := .venv
+BIN := $(VENV)/bin
+JB := $(BIN)/jupyter-book build -W -n --keep-going .
+
+.PHONY: book test venv vendor export clean-nbs browser clean help
+help:
+	@echo "make book   - create .venv, execute every notebook, build the HTML book"
+	@echo "make test   - sync/clean checks, notebooks, pytest, book build (warnings = errors)"
+
+venv: $(VENV)/.installed
+$(VENV)/.installed: pyproject.toml
+	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "icl_book needs Python >= 3.11 (set PYTHON=...)"'
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check "$(TORCH)"
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e ".[dev]"
+	touch $@
+
+vendor:
+	@tools/vendor.sh
+
+export: venv  ## regenerate icl_book/ from nbs/ and clean the notebooks
+	$(BIN)/nbdev-export && $(BIN)/nbdev-clean
+
+browser:  ## headless Chromium for the HTML tests (best effort: they skip without it)
+	@command -v chromium >/dev/null || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null \
+	  && (apt-get update -qq && apt-get install -y -qq chromium) >/dev/null 2>&1 \
+	  && echo "installed chromium" || echo "chromium not available: browser tests will skip"; }
+
+book: venv vendor
+	@start=$$(date +%s); \
+	$(JB) || exit 1; \
+	$(BIN)/python tools/book_report.py --since $$start; \
+	echo "Book: $(CURDIR)/_build/html/index.html"
+
+test: venv vendor browser
+	$(BIN)/python -m pytest tests -p no:cacheprovider
+
+clean:
+	rm -rf _build _vendor

@@ -1,0 +1,116 @@
+"""The book builds with warnings as errors, and its HTML is what a reader needs.
+
+The build executes every notebook (`raise_on_error: true`); the checks read
+the HTML it wrote, and, where headless Chromium is installed, the page as a
+browser renders it: typeset math, images, no raw LaTeX delimiters.
+"""
+import re
+import shutil
+import subprocess
+import tempfile
+from html.parser import HTMLParser
+from pathlib import Path
+
+import pytest
+import yaml
+
+from conftest import ROOT, tool
+
+HTML = ROOT / "_build" / "html"
+ARTIFACTS = ROOT / "test-artifacts"
+
+
+def _toc_files():
+    toc = yaml.safe_load((ROOT / "_toc.yml").read_text())
+    files = [toc["root"]]
+    for part in toc.get("parts", []):
+        files += [c["file"] for c in part["chapters"]]
+    return files
+
+
+@pytest.fixture(scope="session")
+def book():
+    "Build the book once per test session; return the build log."
+    if not (ROOT / "_vendor").exists():
+        subprocess.run(["bash", str(ROOT / "tools/vendor.sh")], check=True)
+    r = subprocess.run([tool("jupyter-book"), "build", "-W", "-n", "--keep-going", "."],
+                       cwd=ROOT, capture_output=True, text=True)
+    log = r.stdout + r.stderr
+    assert r.returncode == 0, "book build failed:\n" + log[-6000:]
+    return log
+
+
+class _Page(HTMLParser):
+    "Collect images, scripts and the text outside code blocks."
+    def __init__(self):
+        super().__init__(); self.imgs, self.scripts, self.text = [], [], []
+        self._pre = 0
+
+    def handle_starttag(self, tag, attrs):
+        a = dict(attrs)
+        if tag == "img": self.imgs.append(a.get("src", ""))
+        if tag == "script" and a.get("src"): self.scripts.append(a["src"])
+        if tag in ("pre", "code"): self._pre += 1
+
+    def handle_endtag(self, tag):
+        if tag in ("pre", "code"): self._pre -= 1
+
+    def handle_data(self, data):
+        if not self._pre: self.text.append(data)
+
+
+def _page(doc):
+    path = HTML / f"{doc}.html"
+    assert path.exists(), f"{doc} is in _toc.yml but {path} was not built"
+    p = _Page(); p.feed(path.read_text()); return path, p
+
+
+@pytest.mark.parametrize("doc", _toc_files())
+def test_page_built_with_local_math_and_images(book, doc):
+    path, p = _page(doc)
+    text = " ".join(p.text)
+    assert "$$" not in text, f"{doc}: raw $$ left in the page (math not parsed)"
+    assert not re.search(r"\{glue:|\{cite:|\{numref", text), f"{doc}: unresolved role"
+    mathjax = [s for s in p.scripts if "tex-chtml" in s]
+    assert mathjax and all(not s.startswith("http") for s in mathjax), \
+        f"{doc}: MathJax must come from the vendored copy, got {mathjax}"
+    for src in p.imgs:
+        if src.startswith("data:"): continue
+        img = (path.parent / src.split("?")[0]).resolve()
+        assert img.exists() and img.stat().st_size > 0, f"{doc}: image {src} missing or empty"
+    assert path.stat().st_size < 5_000_000, f"{doc}: page is {path.stat().st_size} bytes"
+
+
+def test_index_redirects_to_root(book):
+    assert "nbs/index.html" in (HTML / "index.html").read_text()
+
+
+def _chromium():
+    return shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+def _browse(url, *extra):
+    with tempfile.TemporaryDirectory() as prof:
+        cmd = [_chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
+               "--disable-background-networking", "--disable-component-update",
+               "--disable-sync", "--no-first-run", f"--user-data-dir={prof}",
+               "--window-size=1280,1000", "--virtual-time-budget=10000", *extra, url]
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.skipif(_chromium() is None, reason="headless Chromium not installed "
+                    "(`make browser` or `apt-get install chromium`)")
+@pytest.mark.parametrize("doc", _toc_files())
+def test_math_typeset_in_browser(book, doc):
+    path, p = _page(doc)
+    raw = path.read_text()
+    dom = _browse(path.as_uri(), "--dump-dom").stdout
+    assert "<body" in dom, f"{doc}: Chromium returned no DOM"
+    if 'class="math' in raw:
+        assert "<mjx-container" in dom, f"{doc}: math present but not typeset by MathJax"
+        assert "<mjx-merror" not in dom, f"{doc}: MathJax reported a TeX error"
+    if doc.endswith(("02_token_patch", "01_contextual_blocks")):
+        ARTIFACTS.mkdir(exist_ok=True)
+        shot = ARTIFACTS / f"{Path(doc).name}.png"
+        _browse(path.as_uri(), f"--screenshot={shot}")
+        assert shot.exists() and shot.stat().st_size > 10_000
