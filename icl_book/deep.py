@@ -15,7 +15,8 @@ from .blocks import MLP, PreLNBlock, PreLNStack, RankOne, StackConfig
 from .patch import patched_weights, token_patch_factors
 
 # %% auto #0
-__all__ = ['MODES', 'BlockPatch', 'attention_residual', 'block_patch_factors']
+__all__ = ['MODES', 'BlockPatch', 'attention_residual', 'block_patch_factors', 'LMConfig', 'TinyLM', 'DeepPatch',
+           'context_patches', 'patch_errors', 'greedy', 'greedy_patched']
 
 # %% ../nbs/03_deep.ipynb #3ca65109
 class BlockPatch(NamedTuple):
@@ -91,3 +92,214 @@ def block_patch_factors(block: PreLNBlock, h_ctx: torch.Tensor,
                          "position, so no rank-1 update of W_out can carry "
                          "the residual difference; use mode='bias'")
     return BlockPatch(dW, None, RankOne(delta, g / g2))
+
+# %% ../nbs/03_deep.ipynb #59d19828
+@dataclass
+class LMConfig(StackConfig):
+    "A `StackConfig` plus a vocabulary and learned absolute positions."
+    vocab: int = 32              # token ids 0..vocab-1
+    n_pos: Optional[int] = 64    # learned positions; None = no positions
+
+class TinyLM(nn.Module):
+    "Token (+ position) embedding, Pre-LN blocks, final LN and an LM head."
+    def __init__(self, cfg: LMConfig = LMConfig()):
+        super().__init__()
+        if cfg.d_in is not None or cfg.d_out is not None:
+            raise ValueError("TinyLM embeds tokens and reads out logits itself;"
+                             " leave d_in and d_out of its config at None")
+        seed_everything(cfg.seed); self.cfg = cfg
+        self.tok = nn.Embedding(cfg.vocab, cfg.d_model)
+        self.pos = nn.Embedding(cfg.n_pos, cfg.d_model) if cfg.n_pos else None
+        self.stack = PreLNStack(replace(cfg, d_out=cfg.vocab))  # head = read_out
+        self.to(resolve_dtype(cfg.dtype))
+
+    @property
+    def blocks(self) -> nn.ModuleList: return self.stack.blocks
+
+    def embed(self, tokens: torch.Tensor, start: int = 0) -> torch.Tensor:
+        "Token ids (B, T) at positions start.. -> residual stream (B, T, d)."
+        if (not isinstance(tokens, torch.Tensor) or tokens.dim() != 2
+                or tokens.dtype.is_floating_point):
+            raise ValueError("tokens must be integer ids of shape (B, T), got "
+                             f"{getattr(tokens, 'shape', type(tokens).__name__)}")
+        T, n_pos = tokens.shape[1], self.cfg.n_pos
+        if self.pos is None: return self.tok(tokens)
+        if start < 0 or start + T > n_pos:
+            raise ValueError(
+                f"positions {start}..{start + T - 1} do not exist: the model "
+                f"has {n_pos} learned positions. Shorten the context or the "
+                f"query, or build the model with n_pos >= {start + T}.")
+        pos = torch.arange(start, start + T, device=tokens.device)
+        return self.tok(tokens) + self.pos(pos)               # (B, T, d)
+
+    def forward(self, tokens, start: int = 0, updates=None,
+                return_hidden: bool = False):
+        "Logits (B, T, vocab); `updates[l]`: MLP updates of block l."
+        return self.stack(self.embed(tokens, start), updates,
+                          return_hidden=return_hidden)
+
+# %% ../nbs/03_deep.ipynb #25846560
+def _model_blocks(model) -> nn.ModuleList:
+    "The checked Pre-LN blocks of a `PreLNStack` or `TinyLM`."
+    if not isinstance(model, (PreLNStack, TinyLM)):
+        raise TypeError(
+            f"expected an icl_book PreLNStack or TinyLM, got "
+            f"{type(model).__name__}: the end-to-end patch needs a stack of "
+            "Pre-LN blocks (ln1, layer, ln2, mlp) and a final LayerNorm")
+    for l, blk in enumerate(model.blocks): _check_block(blk, f"block {l}")
+    return model.blocks
+
+def _embed(model, X: torch.Tensor, start: int) -> torch.Tensor:
+    "Residual stream entering block 0 for inputs X at positions start.."
+    return model.embed(X, start) if isinstance(model, TinyLM) else model.embed(X)
+
+def _run(model, X, start: int = 0, updates=None, return_hidden=False):
+    "The model's own forward at positions start.., with optional updates."
+    if isinstance(model, TinyLM): return model(X, start, updates, return_hidden)
+    return model(X, updates, return_hidden=return_hidden)
+
+def _join(model, C, x):
+    "Check context and query; return [C, x] and the context length n."
+    tok = isinstance(model, TinyLM)
+    want = '(B, n) token ids' if tok else '(B, n, d) features'
+    for name, t in (('C', C), ('x', x)):
+        if not isinstance(t, torch.Tensor) or t.dim() != (2 if tok else 3):
+            raise ValueError(f"{name} must be {want} for a "
+                             f"{type(model).__name__}, got "
+                             f"{getattr(t, 'shape', type(t).__name__)}")
+    if C.shape[1] == 0:
+        raise ValueError("the context C is empty: there is nothing to patch "
+                         "(the context-free run already is the model's output)")
+    if x.shape[1] == 0: raise ValueError("the query x is empty")
+    if C.shape[0] != x.shape[0] or C.shape[2:] != x.shape[2:]:
+        raise ValueError(f"C {tuple(C.shape)} and x {tuple(x.shape)} must agree "
+                         "in batch size and width")
+    n, q = C.shape[1], x.shape[1]
+    if tok and model.pos is not None and n + q > model.cfg.n_pos:
+        raise ValueError(
+            f"context ({n}) + query ({q}) = {n + q} tokens exceed the model's "
+            f"{model.cfg.n_pos} learned positions; the query keeps its "
+            f"positions {n}..{n + q - 1} when the context is removed, so "
+            "shorten the context or the query.")
+    if not tok: check_same(C=C, x=x, model=model.ln_f.weight)
+    return torch.cat([C, x], 1), n
+
+# %% ../nbs/03_deep.ipynb #9dc3b13e
+def _squeeze(r: RankOne) -> RankOne: return RankOne(r.u.reshape(-1), r.v.reshape(-1))
+
+@dataclass(frozen=True)
+class DeepPatch:
+    "Per-layer patch factors for one context and query (`layers[l]`: block l)."
+    layers: tuple        # one BlockPatch per block
+    start: int           # position of the query's first token (= n)
+    mode: str = 'bias'   # 'bias' (ΔW + steering vector) or 'rank1'
+
+    def __len__(self) -> int: return len(self.layers)
+
+    @property
+    def shape(self) -> tuple:
+        "(B, q): the sequences and query positions it was computed for."
+        return tuple(self.layers[0].dW.u.shape[:-1])
+
+    def numel(self) -> int:
+        "Numbers stored per query position, all layers together."
+        return sum(p.numel() for p in self.layers)
+
+    def updates(self) -> list:
+        "The `updates` argument of the model's forward."
+        return [p.kwargs() for p in self.layers]
+
+    def _fit(self, model, x=None) -> nn.ModuleList:
+        blocks = _model_blocks(model)
+        if len(blocks) != len(self):
+            raise ValueError(f"the patch has {len(self)} layers, the model "
+                             f"{len(blocks)} blocks")
+        if x is not None and tuple(x.shape[:2]) != self.shape:
+            raise ValueError(f"the patch was computed for (B, q) = {self.shape}"
+                             f"; got a query of shape {tuple(x.shape)}")
+        return blocks
+
+    def apply(self, model, x, return_hidden: bool = False):
+        "Run `model` on the query x alone with the patch (no weight changes)."
+        self._fit(model, x)
+        return _run(model, x, self.start, self.updates(), return_hidden)
+
+    @contextmanager
+    def inplace(self, model):
+        "Write the patch into `model`'s weights; restore them bit for bit on exit."
+        blocks = self._fit(model)
+        if math.prod(self.shape) != 1:
+            raise ValueError(
+                f"in-place patching writes one matrix per layer, so it needs "
+                f"the patch of one query token of one sequence; this one has "
+                f"(B, q) = {self.shape}. Use patch.apply(model, x) instead.")
+        with ExitStack() as stack:
+            for blk, p in zip(blocks, self.layers):
+                first, last = blk.mlp.layers[0], blk.mlp.layers[-1]
+                stack.enter_context(patched_weights(first.weight, _squeeze(p.dW)))
+                if p.db_out is not None:
+                    stack.enter_context(patched_weights(last.bias, p.db_out.reshape(-1)))
+                if p.dW_out is not None:
+                    stack.enter_context(patched_weights(last.weight, _squeeze(p.dW_out)))
+            yield model
+
+# %% ../nbs/03_deep.ipynb #71289cba
+def context_patches(model, C: torch.Tensor, x: torch.Tensor, mode: str = 'bias',
+                    min_norm=None) -> DeepPatch:
+    "Per-layer patches so that x alone through the patched model equals [C, x]."
+    blocks = _model_blocks(model)
+    X, n = _join(model, C, x)
+    with torch.no_grad():
+        Z, h_ctx = _embed(model, X, 0), []                 # pass 1: with C
+        for blk in blocks:
+            h = attention_residual(blk, Z)                  # (B, n+q, d)
+            h_ctx.append(h[:, n:])                          # query positions
+            Z = h + blk.mlp(blk.ln2(h))
+        z, layers = _embed(model, x, n), []                 # pass 2: x alone
+        for blk, h in zip(blocks, h_ctx):
+            p = block_patch_factors(blk, h, z, mode, min_norm)
+            layers.append(p)
+            z = blk(z, **p.kwargs())                        # patched block
+    return DeepPatch(tuple(layers), start=n, mode=mode)
+
+# %% ../nbs/03_deep.ipynb #ff7d18d3
+def patch_errors(model, C: torch.Tensor, x: torch.Tensor,
+                 mode: str = 'bias') -> dict:
+    "Relative errors of the patched query-only run: per layer and at the output."
+    n = C.shape[1]
+    with torch.no_grad():
+        patch = context_patches(model, C, x, mode)
+        out, hid = _run(model, torch.cat([C, x], 1), 0, None, True)
+        out_p, hid_p = patch.apply(model, x, return_hidden=True)
+    return dict(per_layer=[rel_err(a, b[:, n:]) for a, b in
+                           zip(hid_p[1:], hid[1:])],
+                output=rel_err(out_p, out[:, n:]), numel=patch.numel())
+
+# %% ../nbs/03_deep.ipynb #01a2eeff
+def _check_lm(model) -> None:
+    if not isinstance(model, TinyLM):
+        raise TypeError("generation needs a token model with an LM head "
+                        f"(icl_book.deep.TinyLM), got {type(model).__name__}")
+
+def greedy(model: TinyLM, prompt: torch.Tensor, k: int,
+           return_logits: bool = False):
+    "k greedy tokens (B, k) after prompt (B, T), the ordinary way."
+    _check_lm(model); toks, logits = prompt, []
+    with torch.no_grad():
+        for _ in range(k):
+            logits.append(model(toks)[:, -1])                  # (B, vocab)
+            toks = torch.cat([toks, logits[-1].argmax(-1, keepdim=True)], 1)
+    out = toks[:, prompt.shape[1]:]
+    return (out, torch.stack(logits, 1)) if return_logits else out
+
+def greedy_patched(model: TinyLM, C: torch.Tensor, x: torch.Tensor, k: int,
+                   mode: str = 'bias', return_logits: bool = False):
+    "k greedy tokens after x with C removed, re-patching at every step."
+    _check_lm(model); q, logits = x, []
+    with torch.no_grad():
+        for _ in range(k):
+            patch = context_patches(model, C, q, mode)          # for this query
+            logits.append(patch.apply(model, q)[:, -1])         # C not read
+            q = torch.cat([q, logits[-1].argmax(-1, keepdim=True)], 1)
+    out = q[:, x.shape[1]:]
+    return (out, torch.stack(logits, 1)) if return_logits else out
