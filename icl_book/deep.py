@@ -15,8 +15,9 @@ from .blocks import MLP, PreLNBlock, PreLNStack, RankOne, StackConfig
 from .patch import patched_weights, token_patch_factors
 
 # %% auto #0
-__all__ = ['MODES', 'BlockPatch', 'attention_residual', 'block_patch_factors', 'LMConfig', 'TinyLM', 'DeepPatch',
-           'context_patches', 'patch_errors', 'greedy', 'greedy_patched']
+__all__ = ['MODES', 'TOLERANCE', 'VERIFY_DEFAULTS', 'BlockPatch', 'attention_residual', 'block_patch_factors', 'LMConfig',
+           'TinyLM', 'DeepPatch', 'context_patches', 'patch_errors', 'greedy', 'greedy_patched', 'verify',
+           'error_sweep', 'plot_equivalence']
 
 # %% ../nbs/03_deep.ipynb #3ca65109
 class BlockPatch(NamedTuple):
@@ -243,32 +244,34 @@ class DeepPatch:
                     stack.enter_context(patched_weights(last.weight, _squeeze(p.dW_out)))
             yield model
 
-# %% ../nbs/03_deep.ipynb #71289cba
+# %% ../nbs/03_deep.ipynb #9e169a9a
 def context_patches(model, C: torch.Tensor, x: torch.Tensor, mode: str = 'bias',
-                    min_norm=None) -> DeepPatch:
+                    min_norm=None, closed_loop: bool = True) -> DeepPatch:
     "Per-layer patches so that x alone through the patched model equals [C, x]."
     blocks = _model_blocks(model)
     X, n = _join(model, C, x)
     with torch.no_grad():
-        Z, h_ctx = _embed(model, X, 0), []                 # pass 1: with C
+        Z, h_ctx, z_ctx = _embed(model, X, 0), [], []      # pass 1: with C
         for blk in blocks:
+            z_ctx.append(Z[:, n:])
             h = attention_residual(blk, Z)                  # (B, n+q, d)
             h_ctx.append(h[:, n:])                          # query positions
             Z = h + blk.mlp(blk.ln2(h))
         z, layers = _embed(model, x, n), []                 # pass 2: x alone
-        for blk, h in zip(blocks, h_ctx):
-            p = block_patch_factors(blk, h, z, mode, min_norm)
+        for blk, h, zc in zip(blocks, h_ctx, z_ctx):
+            p = block_patch_factors(blk, h, z if closed_loop else zc,
+                                    mode, min_norm)
             layers.append(p)
-            z = blk(z, **p.kwargs())                        # patched block
+            if closed_loop: z = blk(z, **p.kwargs())        # patched block
     return DeepPatch(tuple(layers), start=n, mode=mode)
 
-# %% ../nbs/03_deep.ipynb #ff7d18d3
-def patch_errors(model, C: torch.Tensor, x: torch.Tensor,
-                 mode: str = 'bias') -> dict:
+# %% ../nbs/03_deep.ipynb #33dad572
+def patch_errors(model, C: torch.Tensor, x: torch.Tensor, mode: str = 'bias',
+                 closed_loop: bool = True) -> dict:
     "Relative errors of the patched query-only run: per layer and at the output."
     n = C.shape[1]
     with torch.no_grad():
-        patch = context_patches(model, C, x, mode)
+        patch = context_patches(model, C, x, mode, closed_loop=closed_loop)
         out, hid = _run(model, torch.cat([C, x], 1), 0, None, True)
         out_p, hid_p = patch.apply(model, x, return_hidden=True)
     return dict(per_layer=[rel_err(a, b[:, n:]) for a, b in
@@ -303,3 +306,92 @@ def greedy_patched(model: TinyLM, C: torch.Tensor, x: torch.Tensor, k: int,
             q = torch.cat([q, logits[-1].argmax(-1, keepdim=True)], 1)
     out = q[:, x.shape[1]:]
     return (out, torch.stack(logits, 1)) if return_logits else out
+
+# %% ../nbs/03_deep.ipynb #f0058956
+TOLERANCE = {'float32': 1e-6, 'float64': 1e-12}
+VERIFY_DEFAULTS = dict(d_model=64, heads=4, d_mlp=256, causal=True,
+                       mode='bias', batch=1, closed_loop=True)
+
+def verify(layers: int = 10, context: int = 256, query: int = 1,
+           dtype='float32', layer_kind: str = 'softmax', seed: int = 0,
+           **more) -> dict:
+    "Patch a random Pre-LN stack end to end; settings and errors as a dict."
+    unknown = sorted(set(more) - set(VERIFY_DEFAULTS))
+    if unknown:
+        raise TypeError(f"unknown settings {unknown}; verify also takes "
+                        f"{sorted(VERIFY_DEFAULTS)}")
+    opts = {**VERIFY_DEFAULTS, **more}
+    dt = resolve_dtype(dtype); name = str(dt).removeprefix('torch.')
+    for k, v in dict(layers=layers, context=context, query=query,
+                     batch=opts['batch']).items():
+        if not isinstance(v, int) or v < 1:
+            raise ValueError(f"{k} must be a positive integer, got {v!r}")
+    t0 = time.perf_counter()
+    model = PreLNStack(StackConfig(
+        depth=layers, d_model=opts['d_model'], heads=opts['heads'],
+        d_mlp=opts['d_mlp'], kind=layer_kind, causal=opts['causal'],
+        seed=seed, dtype=name))
+    g = torch.Generator().manual_seed(seed + 1)
+    X = torch.randn(opts['batch'], context + query, opts['d_model'],
+                    generator=g, dtype=dt)                 # (B, n + q, d)
+    err = patch_errors(model, X[:, :context], X[:, context:], opts['mode'],
+                       opts['closed_loop'])
+    worst = max(err['per_layer'])
+    return dict(layers=layers, context=context, query=query, dtype=name,
+                layer_kind=layer_kind, seed=seed, **opts,
+                max_rel_err=worst, output_rel_err=err['output'],
+                per_layer_rel_err=err['per_layer'],
+                tolerance=TOLERANCE[name], ok=worst <= TOLERANCE[name],
+                patch_numbers_per_position=err['numel'],
+                seconds=round(time.perf_counter() - t0, 3))
+
+# %% ../nbs/03_deep.ipynb #0d3febb5
+def error_sweep(depth: int = 12, depth_context: int = 256,
+                contexts=tuple(2 ** k for k in range(10)),
+                context_depth: int = 10, dtypes=('float32', 'float64'),
+                seeds=(0, 1, 2), batch: int = 2, **more) -> list:
+    "Rows (dicts) of max relative error vs depth and vs context length."
+    rows = []
+    for dtype in dtypes:
+        for seed in seeds:
+            for closed in (True, False):
+                r = verify(depth, depth_context, dtype=dtype, seed=seed,
+                           batch=batch, closed_loop=closed, **more)
+                for L in range(1, depth + 1):
+                    rows.append(dict(sweep='depth', x=L, dtype=dtype,
+                                     seed=seed, closed_loop=closed,
+                                     rel_err=max(r['per_layer_rel_err'][:L])))
+            for n in contexts:
+                r = verify(context_depth, n, dtype=dtype, seed=seed,
+                           batch=batch, **more)
+                rows.append(dict(sweep='context', x=n, dtype=dtype, seed=seed,
+                                 closed_loop=True, rel_err=r['max_rel_err']))
+    return rows
+
+# %% ../nbs/03_deep.ipynb #91cb7e40
+def plot_equivalence(rows) -> 'matplotlib.figure.Figure':
+    "Figure: equivalence error vs depth and vs context length, per dtype."
+    import matplotlib.pyplot as plt, pandas as pd, seaborn as sns
+    from icl_book.core import set_style
+    set_style(); df = pd.DataFrame(rows)
+    fig, axes = plt.subplots(1, 2, figsize=(9, 3.8), sharey=True)
+    colors = dict(zip(('float32', 'float64'), sns.color_palette()))
+    for ax, sweep in zip(axes, ('depth', 'context')):
+        for (dtype, closed), d in df[df.sweep == sweep].groupby(
+                ['dtype', 'closed_loop']):
+            s = d.groupby('x').rel_err
+            label = f"{dtype}" + ('' if closed else ', open loop')
+            ls = '-' if closed else '--'
+            ax.plot(s.median().index, s.median(), ls, marker='o', ms=3,
+                    color=colors.get(dtype), label=label)
+            ax.fill_between(s.min().index, s.min(), s.max(), alpha=0.2,
+                            color=colors.get(dtype))
+        for dtype, tol in TOLERANCE.items():
+            ax.axhline(tol, ls=':', c=colors.get(dtype), lw=1)
+        ax.set(yscale='log', xlabel='depth $L$ (context 256)' if sweep ==
+               'depth' else 'context length $N$ (depth 10)')
+    axes[1].set_xscale('log', base=2)
+    axes[1].set_xticks([1, 8, 64, 512], ['1', '8', '64', '512'])
+    axes[0].set_ylabel('max relative error over layers')
+    axes[0].legend(fontsize=8); fig.tight_layout()
+    return fig
