@@ -71,6 +71,7 @@ def test_page_built_with_local_math_and_images(book, doc):
     text = " ".join(p.text)
     assert "$$" not in text, f"{doc}: raw $$ left in the page (math not parsed)"
     assert not re.search(r"\{glue:|\{cite:|\{numref", text), f"{doc}: unresolved role"
+    assert not re.search(r"^\s*\.\. [a-z:]+::", text, re.M), f"{doc}: raw reST directive"
     mathjax = [s for s in p.scripts if "tex-chtml" in s]
     assert mathjax and all(not s.startswith("http") for s in mathjax), \
         f"{doc}: MathJax must come from the vendored copy, got {mathjax}"
