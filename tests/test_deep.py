@@ -1,0 +1,206 @@
+"""End-to-end patches of Pre-LN stacks: exactness, every position, generation, safety.
+
+Property tests draw depths, widths, heads, layer kinds, causal/bidirectional
+attention, context and query lengths and both patch forms; exactness is
+checked in float64 (1e-10) and float32 (1e-5).
+"""
+import json
+
+import pytest
+import torch
+from hypothesis import given, settings, strategies as st
+from torch import nn
+
+from icl_book.blocks import LAYER_KINDS, PreLNBlock, PreLNStack, StackConfig
+from icl_book.core import rel_err
+from icl_book.deep import (MODES, DeepPatch, LMConfig, TinyLM,
+                           attention_residual, block_patch_factors,
+                           context_patches, greedy, greedy_patched,
+                           patch_errors, verify)
+
+SETTINGS = settings(max_examples=25, deadline=None)
+kinds = st.sampled_from([(k, True) for k in LAYER_KINDS]
+                        + [("softmax", False), ("linear", False)])
+
+
+@st.composite
+def stacks(draw, dtype="float64"):
+    "Settings of a small random PreLNStack and of a context and query for it."
+    kind, causal = draw(kinds)
+    heads = draw(st.sampled_from([1, 2, 4]))
+    cfg = StackConfig(depth=draw(st.integers(1, 4)),
+                      d_model=heads * draw(st.integers(2, 3)), heads=heads,
+                      d_mlp=draw(st.integers(2, 24)), kind=kind, causal=causal,
+                      seed=draw(st.integers(0, 999)), dtype=dtype)
+    sizes = draw(st.integers(1, 2)), draw(st.integers(1, 12)), draw(st.integers(1, 4))
+    return cfg, sizes, draw(st.integers(0, 10**6))
+
+
+def build(case):
+    "The model, context C (B, n, d) and query x (B, q, d) of a drawn case."
+    cfg, (B, n, q), seed = case
+    model = PreLNStack(cfg)
+    g = torch.Generator().manual_seed(seed)
+    X = torch.randn(B, n + q, cfg.d_model, generator=g, dtype=model.ln_f.weight.dtype)
+    return model, X[:, :n], X[:, n:]
+
+
+@SETTINGS
+@given(case=stacks(), mode=st.sampled_from(MODES))
+def test_end_to_end_exact_at_every_layer_and_position_float64(case, mode):
+    model, C, x = build(case)
+    err = patch_errors(model, C, x, mode)
+    assert len(err["per_layer"]) == len(model.blocks)
+    assert max(err["per_layer"] + [err["output"]]) <= 1e-10, err
+
+
+@SETTINGS
+@given(case=stacks("float32"), mode=st.sampled_from(MODES))
+def test_end_to_end_float32_is_round_off(case, mode):
+    model, C, x = build(case)
+    err = patch_errors(model, C, x, mode)
+    assert max(err["per_layer"] + [err["output"]]) <= 1e-5, err
+
+
+@SETTINGS
+@given(heads=st.sampled_from([1, 2]), lead=st.lists(st.integers(1, 3), max_size=2),
+       q=st.integers(1, 4), mode=st.sampled_from(MODES), seed=st.integers(0, 10**6),
+       causal=st.booleans())
+def test_block_patch_is_exact_for_any_free_input_and_batched(heads, lead, q, mode, seed, causal):
+    torch.manual_seed(seed)
+    blk = PreLNBlock(8, heads, 16, causal=causal).double()
+    g = torch.Generator().manual_seed(seed)
+    h_ctx = torch.randn(*lead, q, 8, generator=g, dtype=torch.float64)
+    z_free = torch.randn(*lead, q, 8, generator=g, dtype=torch.float64)
+    p = block_patch_factors(blk, h_ctx, z_free, mode)
+    assert p.dW.u.shape == (*lead, q, 16) and p.dW.v.shape == (*lead, q, 8)
+    h_free = attention_residual(blk, z_free)
+    out = h_free + blk.mlp(blk.ln2(h_free), **p.kwargs())
+    assert rel_err(out, h_ctx + blk.mlp(blk.ln2(h_ctx))) <= 1e-10
+
+
+def test_patch_keeps_factors_and_per_position_size():
+    model = PreLNStack(StackConfig(depth=3, d_model=8, heads=2, d_mlp=16, dtype="float64"))
+    C, x = torch.randn(2, 5, 8).double(), torch.randn(2, 3, 8).double()
+    p = context_patches(model, C, x)
+    assert p.shape == (2, 3) and len(p) == 3 and p.numel() == 3 * (16 + 2 * 8)
+    assert context_patches(model, C, x, "rank1").numel() == 3 * 2 * (16 + 8)
+    for lp in p.layers:                                  # never (.., H, d)
+        assert lp.dW.u.shape == (2, 3, 16) and lp.db_out.shape == (2, 3, 8)
+    # positions differ -> factors differ
+    assert not torch.allclose(p.layers[0].dW.u[:, 0], p.layers[0].dW.u[:, 1])
+
+
+def test_functional_application_does_not_mutate():
+    model = PreLNStack(StackConfig(depth=2, d_model=8, heads=2, d_mlp=16, dtype="float64"))
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    C, x = torch.randn(1, 6, 8).double(), torch.randn(1, 2, 8).double()
+    for mode in MODES: context_patches(model, C, x, mode).apply(model, x)
+    assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
+
+
+def _lm(dtype="float64", n_pos=40, depth=3):
+    return TinyLM(LMConfig(depth=depth, d_model=16, heads=2, d_mlp=32, vocab=23,
+                           n_pos=n_pos, dtype=dtype))
+
+
+@settings(max_examples=20, deadline=None)
+@given(n=st.integers(1, 12), q=st.integers(1, 3), k=st.integers(1, 6),
+       mode=st.sampled_from(MODES), seed=st.integers(0, 10**6), use_pos=st.booleans())
+def test_generation_without_context_equals_generation_with_it(n, q, k, mode, seed, use_pos):
+    lm = _lm(n_pos=40 if use_pos else None)
+    g = torch.Generator().manual_seed(seed)
+    C, x = torch.randint(0, 23, (2, n), generator=g), torch.randint(0, 23, (2, q), generator=g)
+    ref, ref_logits = greedy(lm, torch.cat([C, x], 1), k, return_logits=True)
+    out, logits = greedy_patched(lm, C, x, k, mode, return_logits=True)
+    assert torch.equal(out, ref)
+    assert rel_err(logits, ref_logits) <= 1e-10
+
+
+def test_generation_float32_same_tokens():
+    lm = _lm("float32")
+    g = torch.Generator().manual_seed(0)
+    C, x = torch.randint(0, 23, (4, 20), generator=g), torch.randint(0, 23, (4, 2), generator=g)
+    assert torch.equal(greedy_patched(lm, C, x, 8), greedy(lm, torch.cat([C, x], 1), 8))
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_inplace_matches_functional_and_restores_on_exception(mode):
+    lm = _lm()
+    C, x = torch.randint(0, 23, (1, 10)), torch.randint(0, 23, (1, 1))
+    before = {k: v.clone() for k, v in lm.state_dict().items()}
+    p = context_patches(lm, C, x, mode)
+    target = lm(torch.cat([C, x], 1))[:, -1:]
+    with p.inplace(lm):
+        assert rel_err(lm(x, start=10), target) <= 1e-10
+    assert all(torch.equal(v, before[k]) for k, v in lm.state_dict().items())
+    with pytest.raises(RuntimeError, match="boom"):
+        with p.inplace(lm):
+            assert not torch.equal(lm.blocks[0].mlp.W, before["stack.blocks.0.mlp.layers.0.weight"])
+            raise RuntimeError("boom")
+    assert all(torch.equal(v, before[k]) for k, v in lm.state_dict().items())
+    assert rel_err(p.apply(lm, x), target) <= 1e-10
+
+
+def test_bad_inputs_raise_clear_errors():
+    lm = _lm(n_pos=16)
+    C, x = torch.randint(0, 23, (1, 10)), torch.randint(0, 23, (1, 3))
+    with pytest.raises(ValueError, match="context C is empty"):
+        context_patches(lm, C[:, :0], x)
+    with pytest.raises(ValueError, match="query x is empty"):
+        context_patches(lm, C, x[:, :0])
+    with pytest.raises(ValueError, match="exceed the model's 16 learned positions"):
+        context_patches(lm, C, torch.randint(0, 23, (1, 7)))
+    with pytest.raises(ValueError, match="do not exist"):
+        lm(torch.randint(0, 23, (1, 17)))
+    with pytest.raises(ValueError, match="integer ids"):
+        context_patches(lm, C.float(), x)
+    with pytest.raises(ValueError, match="agree in batch size"):
+        context_patches(lm, C.expand(2, -1), x)
+    with pytest.raises(TypeError, match="expected an icl_book PreLNStack or TinyLM"):
+        context_patches(nn.Sequential(nn.Linear(2, 2)), C, x)
+    broken = _lm(n_pos=16); del broken.blocks[0].ln2
+    with pytest.raises(TypeError, match=r"block 0 .*missing or wrong \['ln2'\]"):
+        context_patches(broken, C, x)
+    broken = _lm(n_pos=16); broken.blocks[2].mlp = nn.Linear(16, 16)
+    with pytest.raises(TypeError, match="block 2 .*icl_book MLP"):
+        context_patches(broken, C, x)
+    with pytest.raises(ValueError, match="mode must be one of"):
+        context_patches(lm, C, x, mode="dense")
+    p = context_patches(lm, C, x)
+    with pytest.raises(ValueError, match=r"computed for \(B, q\)"):
+        p.apply(lm, x[:, :2])
+    with pytest.raises(ValueError, match="one query token"):
+        p.inplace(lm).__enter__()
+    with pytest.raises(ValueError, match="3 layers, the model 2"):
+        p.apply(_lm(n_pos=16, depth=2), x)
+    stack = PreLNStack(StackConfig(depth=1, d_model=8, heads=2, d_mlp=16))
+    Cf, xf = torch.randn(1, 4, 8), torch.randn(1, 2, 8)
+    with pytest.raises(ValueError, match="share one dtype"):
+        context_patches(stack, Cf.double(), xf.double())
+    with pytest.raises(ValueError, match=r"\(B, n, d\) features"):
+        context_patches(stack, Cf[0], xf)
+    with pytest.raises(TypeError, match="token model"):
+        greedy(stack, xf, 2)
+    with pytest.raises(ValueError, match=r"must both be \(\.\.\., q, 8\)"):
+        block_patch_factors(stack.blocks[0], xf, xf[:, :1])
+
+
+def test_verify_meets_the_targets_and_is_json():
+    for dtype, tol in (("float32", 1e-6), ("float64", 1e-12)):
+        r = verify(layers=10, context=256, dtype=dtype)
+        assert r["ok"] and r["max_rel_err"] <= tol, r
+        assert len(r["per_layer_rel_err"]) == 10
+    r = json.loads(json.dumps(verify(layers=2, context=8, query=3, dtype="float64",
+                                     layer_kind="lstm", d_model=8, heads=2,
+                                     d_mlp=16, mode="rank1")))
+    for key in ("max_rel_err", "layers", "context", "query", "dtype", "layer_kind",
+                "seed", "mode", "d_model", "heads", "d_mlp", "causal"):
+        assert key in r
+    assert r["max_rel_err"] <= 1e-12 and r["layer_kind"] == "lstm"
+    with pytest.raises(ValueError, match="context must be a positive integer"):
+        verify(context=0)
+    with pytest.raises(TypeError, match="unknown settings"):
+        verify(widht=3)
+    with pytest.raises(ValueError, match="dtype must be one of"):
+        verify(dtype="float16")
