@@ -4,7 +4,10 @@ import shutil
 import sys
 from pathlib import Path
 
+import subprocess
+
 import pytest
+import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -23,3 +26,37 @@ def root() -> Path:
 
 def pytest_configure(config):
     os.environ.setdefault("PYDEVD_DISABLE_FILE_VALIDATION", "1")
+
+
+def toc_files():
+    "Documents listed in _toc.yml, root first (paths without suffix)."
+    toc = yaml.safe_load((ROOT / "_toc.yml").read_text())
+    files = [toc["root"]]
+    for part in toc.get("parts", []):
+        files += [c["file"] for c in part["chapters"]]
+    return files
+
+
+@pytest.fixture(scope="session")
+def book():
+    """Build the book once per session: every notebook is executed (force,
+    raise_on_error) and warnings are errors. Returns the build log."""
+    if not (ROOT / "_vendor").exists():
+        subprocess.run(["bash", str(ROOT / "tools/vendor.sh")], check=True)
+    r = subprocess.run([tool("jupyter-book"), "build", "-W", "-n", "--keep-going", "."],
+                       cwd=ROOT, capture_output=True, text=True)
+    log = r.stdout + r.stderr
+    (ROOT / "_build").mkdir(exist_ok=True)
+    (ROOT / "_build" / "build.log").write_text(log)
+    return r.returncode, log
+
+
+def exec_data(doc):
+    "myst-nb's record of executing `doc` in the last book build (or None)."
+    import pickle
+    env = ROOT / "_build" / ".doctrees" / "environment.pickle"
+    if not env.exists():
+        return None
+    with open(env, "rb") as f:
+        meta = getattr(pickle.load(f), "nb_metadata", {})
+    return (meta.get(doc) or {}).get("exec_data")

@@ -1,26 +1,32 @@
-"""Every notebook executes without error (one pytest item per notebook).
+"""Every notebook executes without error — one pytest item per notebook.
 
-`nbdev.test.test_nb` runs a notebook in-process and honours nbdev's
-directives (`#| eval: false`, flags); it is imported under another name so
-that pytest does not collect it as a test itself.
+The book build (the `book` fixture) executes each notebook of `_toc.yml` in a
+fresh Jupyter kernel, as a reader's Jupyter would, with `raise_on_error`; this
+test reads myst-nb's record of each execution instead of running the
+notebooks a second time. Developers can still run one notebook in-process with
+`.venv/bin/nbdev-test nbs/NAME.ipynb`.
 """
-import os
-from pathlib import Path
+import re
 
 import pytest
-import nbdev.test as nbdev_test
 
-from conftest import ROOT
+from conftest import ROOT, exec_data, toc_files
 
-NOTEBOOKS = sorted(p for p in (ROOT / "nbs").glob("*.ipynb") if not p.name.startswith("_"))
+NOTEBOOKS = [d for d in toc_files() if (ROOT / f"{d}.ipynb").exists()]
 
 
-@pytest.mark.parametrize("nb", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
-def test_notebook_executes(nb: Path):
-    cwd = os.getcwd()
-    try:
-        os.chdir(nb.parent)
-        ok, secs = nbdev_test.test_nb(nb, basepath=ROOT, do_print=False)
-    finally:
-        os.chdir(cwd)
-    assert ok, f"{nb.name} raised while executing (run `.venv/bin/nbdev-test {nb}`)"
+def test_every_notebook_is_in_the_book():
+    listed = {f"{d}.ipynb" for d in NOTEBOOKS}
+    found = {f"nbs/{p.name}" for p in (ROOT / "nbs").glob("*.ipynb")
+             if not p.name.startswith("_")}
+    assert found <= listed, f"notebooks missing from _toc.yml: {sorted(found - listed)}"
+
+
+@pytest.mark.parametrize("doc", NOTEBOOKS, ids=[d.split("/")[-1] for d in NOTEBOOKS])
+def test_notebook_executes(book, doc):
+    rc, log = book
+    data = exec_data(doc)
+    errors = re.findall(rf"{re.escape(doc)}\.ipynb.*?(?:Error|error).*", log)
+    assert data is not None, f"{doc} was not executed by the book build"
+    assert data.get("succeeded"), (f"{doc} raised while executing:\n"
+                                   + "\n".join(errors[:5]) + "\n" + log[-3000:])
