@@ -36,13 +36,15 @@ class BlockPatch(NamedTuple):
             [self.dW_out.u, self.dW_out.v] if self.dW_out is not None else [])
         return sum(p.shape[-1] for p in parts if p is not None)
 
-# %% ../nbs/03_deep.ipynb #067a50a3
+# %% ../nbs/03_deep.ipynb #d10843a1
 _PARTS = ('ln1', 'layer', 'ln2', 'mlp')
 
 def _check_block(block, where: str = 'the block') -> None:
     "Raise `TypeError` unless `block` has the Pre-LN structure patched here."
-    bad = [p for p in _PARTS if not isinstance(getattr(block, p, None), nn.Module)]
-    if not bad and not isinstance(block.mlp, MLP): bad = ['mlp (not an icl_book MLP)']
+    bad = [p for p in _PARTS
+           if not isinstance(getattr(block, p, None), nn.Module)]
+    if not bad and not isinstance(block.mlp, MLP):
+        bad = ['mlp (not an icl_book MLP)']
     if not bad and not hasattr(block.layer, 'seq'): bad = ['layer (no .seq)']
     if bad:
         raise TypeError(
@@ -52,7 +54,7 @@ def _check_block(block, where: str = 'the block') -> None:
             "icl_book.blocks.PreLNBlock.")
 
 def attention_residual(block: PreLNBlock, Z: torch.Tensor) -> torch.Tensor:
-    "h = z + A(LN1 z) over the sequence Z (..., T, d), batched over leading dims."
+    "h = z + A(LN1 z) over the sequence Z (..., T, d), batched."
     T, d = Z.shape[-2:]
     A = block.layer.seq(block.ln1(Z.reshape(-1, T, d)))       # (B', T, d)
     return Z + A.reshape(Z.shape)
@@ -66,19 +68,20 @@ def _mlp_last_input(mlp: MLP, a: torch.Tensor) -> torch.Tensor:
     finally: hook.remove()
     return seen[0]
 
-# %% ../nbs/03_deep.ipynb #a25818ba
+# %% ../nbs/03_deep.ipynb #d623cdfa
 MODES = ('bias', 'rank1')
 
 def block_patch_factors(block: PreLNBlock, h_ctx: torch.Tensor,
                         z_free: torch.Tensor, mode: str = 'bias',
                         min_norm=None) -> BlockPatch:
-    "Patch making `block`(z_free) equal its with-context output; (..., q, d) each."
+    "Patch making `block`(z_free) equal its with-context output; (..., q, d)."
     _check_block(block)
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
     check_same(h_ctx=h_ctx, z_free=z_free, W=block.mlp.W)
     d = block.mlp.W.shape[1]
-    if h_ctx.shape != z_free.shape or z_free.dim() < 2 or z_free.shape[-1] != d:
+    if (h_ctx.shape != z_free.shape or z_free.dim() < 2
+            or z_free.shape[-1] != d):
         raise ValueError(f"h_ctx and z_free must both be (..., q, {d}); got "
                          f"{tuple(h_ctx.shape)} and {tuple(z_free.shape)}")
     h_free = attention_residual(block, z_free)              # (..., q, d)
@@ -94,7 +97,7 @@ def block_patch_factors(block: PreLNBlock, h_ctx: torch.Tensor,
                          "the residual difference; use mode='bias'")
     return BlockPatch(dW, None, RankOne(delta, g / g2))
 
-# %% ../nbs/03_deep.ipynb #59d19828
+# %% ../nbs/03_deep.ipynb #e0df949d
 @dataclass
 class LMConfig(StackConfig):
     "A `StackConfig` plus a vocabulary and learned absolute positions."
@@ -106,12 +109,12 @@ class TinyLM(nn.Module):
     def __init__(self, cfg: LMConfig = LMConfig()):
         super().__init__()
         if cfg.d_in is not None or cfg.d_out is not None:
-            raise ValueError("TinyLM embeds tokens and reads out logits itself;"
-                             " leave d_in and d_out of its config at None")
+            raise ValueError("TinyLM embeds tokens and reads out logits "
+                             "itself; leave d_in and d_out of its config None")
         seed_everything(cfg.seed); self.cfg = cfg
         self.tok = nn.Embedding(cfg.vocab, cfg.d_model)
         self.pos = nn.Embedding(cfg.n_pos, cfg.d_model) if cfg.n_pos else None
-        self.stack = PreLNStack(replace(cfg, d_out=cfg.vocab))  # head = read_out
+        self.stack = PreLNStack(replace(cfg, d_out=cfg.vocab))  # LM head
         self.to(resolve_dtype(cfg.dtype))
 
     @property
@@ -121,8 +124,8 @@ class TinyLM(nn.Module):
         "Token ids (B, T) at positions start.. -> residual stream (B, T, d)."
         if (not isinstance(tokens, torch.Tensor) or tokens.dim() != 2
                 or tokens.dtype.is_floating_point):
-            raise ValueError("tokens must be integer ids of shape (B, T), got "
-                             f"{getattr(tokens, 'shape', type(tokens).__name__)}")
+            got = getattr(tokens, 'shape', type(tokens).__name__)
+            raise ValueError(f"tokens must be integer ids (B, T), got {got}")
         T, n_pos = tokens.shape[1], self.cfg.n_pos
         if self.pos is None: return self.tok(tokens)
         if start < 0 or start + T > n_pos:
@@ -139,7 +142,7 @@ class TinyLM(nn.Module):
         return self.stack(self.embed(tokens, start), updates,
                           return_hidden=return_hidden)
 
-# %% ../nbs/03_deep.ipynb #25846560
+# %% ../nbs/03_deep.ipynb #6d2ca72e
 def _model_blocks(model) -> nn.ModuleList:
     "The checked Pre-LN blocks of a `PreLNStack` or `TinyLM`."
     if not isinstance(model, (PreLNStack, TinyLM)):
@@ -152,11 +155,13 @@ def _model_blocks(model) -> nn.ModuleList:
 
 def _embed(model, X: torch.Tensor, start: int) -> torch.Tensor:
     "Residual stream entering block 0 for inputs X at positions start.."
-    return model.embed(X, start) if isinstance(model, TinyLM) else model.embed(X)
+    if isinstance(model, TinyLM): return model.embed(X, start)
+    return model.embed(X)
 
 def _run(model, X, start: int = 0, updates=None, return_hidden=False):
     "The model's own forward at positions start.., with optional updates."
-    if isinstance(model, TinyLM): return model(X, start, updates, return_hidden)
+    if isinstance(model, TinyLM):
+        return model(X, start, updates, return_hidden)
     return model(X, updates, return_hidden=return_hidden)
 
 def _join(model, C, x):
@@ -169,12 +174,12 @@ def _join(model, C, x):
                              f"{type(model).__name__}, got "
                              f"{getattr(t, 'shape', type(t).__name__)}")
     if C.shape[1] == 0:
-        raise ValueError("the context C is empty: there is nothing to patch "
-                         "(the context-free run already is the model's output)")
+        raise ValueError("the context C is empty: there is nothing to "
+                         "patch (the query alone already is the model's run)")
     if x.shape[1] == 0: raise ValueError("the query x is empty")
     if C.shape[0] != x.shape[0] or C.shape[2:] != x.shape[2:]:
-        raise ValueError(f"C {tuple(C.shape)} and x {tuple(x.shape)} must agree "
-                         "in batch size and width")
+        raise ValueError(f"C {tuple(C.shape)} and x {tuple(x.shape)} must "
+                         "agree in batch size and width")
     n, q = C.shape[1], x.shape[1]
     if tok and model.pos is not None and n + q > model.cfg.n_pos:
         raise ValueError(
@@ -185,8 +190,10 @@ def _join(model, C, x):
     if not tok: check_same(C=C, x=x, model=model.ln_f.weight)
     return torch.cat([C, x], 1), n
 
-# %% ../nbs/03_deep.ipynb #9dc3b13e
-def _squeeze(r: RankOne) -> RankOne: return RankOne(r.u.reshape(-1), r.v.reshape(-1))
+# %% ../nbs/03_deep.ipynb #3e8c45ff
+def _squeeze(r: RankOne) -> RankOne:
+    "One u, v from factors of one sequence and one position."
+    return RankOne(r.u.reshape(-1), r.v.reshape(-1))
 
 @dataclass(frozen=True)
 class DeepPatch:
@@ -216,8 +223,8 @@ class DeepPatch:
             raise ValueError(f"the patch has {len(self)} layers, the model "
                              f"{len(blocks)} blocks")
         if x is not None and tuple(x.shape[:2]) != self.shape:
-            raise ValueError(f"the patch was computed for (B, q) = {self.shape}"
-                             f"; got a query of shape {tuple(x.shape)}")
+            raise ValueError(f"the patch was computed for (B, q) = "
+                             f"{self.shape}; got a query {tuple(x.shape)}")
         return blocks
 
     def apply(self, model, x, return_hidden: bool = False):
@@ -227,7 +234,7 @@ class DeepPatch:
 
     @contextmanager
     def inplace(self, model):
-        "Write the patch into `model`'s weights; restore them bit for bit on exit."
+        "Write the patch into `model`'s weights; restore them bit for bit."
         blocks = self._fit(model)
         if math.prod(self.shape) != 1:
             raise ValueError(
@@ -237,17 +244,20 @@ class DeepPatch:
         with ExitStack() as stack:
             for blk, p in zip(blocks, self.layers):
                 first, last = blk.mlp.layers[0], blk.mlp.layers[-1]
-                stack.enter_context(patched_weights(first.weight, _squeeze(p.dW)))
+                edits = [(first.weight, _squeeze(p.dW))]
                 if p.db_out is not None:
-                    stack.enter_context(patched_weights(last.bias, p.db_out.reshape(-1)))
+                    edits.append((last.bias, p.db_out.reshape(-1)))
                 if p.dW_out is not None:
-                    stack.enter_context(patched_weights(last.weight, _squeeze(p.dW_out)))
+                    edits.append((last.weight, _squeeze(p.dW_out)))
+                for weight, dW in edits:
+                    stack.enter_context(patched_weights(weight, dW))
             yield model
 
-# %% ../nbs/03_deep.ipynb #9e169a9a
-def context_patches(model, C: torch.Tensor, x: torch.Tensor, mode: str = 'bias',
-                    min_norm=None, closed_loop: bool = True) -> DeepPatch:
-    "Per-layer patches so that x alone through the patched model equals [C, x]."
+# %% ../nbs/03_deep.ipynb #1b5b28e8
+def context_patches(model, C: torch.Tensor, x: torch.Tensor,
+                    mode: str = 'bias', min_norm=None,
+                    closed_loop: bool = True) -> DeepPatch:
+    "Per-layer patches: x alone through the patched model equals [C, x]."
     blocks = _model_blocks(model)
     X, n = _join(model, C, x)
     with torch.no_grad():
@@ -265,10 +275,10 @@ def context_patches(model, C: torch.Tensor, x: torch.Tensor, mode: str = 'bias',
             if closed_loop: z = blk(z, **p.kwargs())        # patched block
     return DeepPatch(tuple(layers), start=n, mode=mode)
 
-# %% ../nbs/03_deep.ipynb #33dad572
+# %% ../nbs/03_deep.ipynb #60be80e0
 def patch_errors(model, C: torch.Tensor, x: torch.Tensor, mode: str = 'bias',
                  closed_loop: bool = True) -> dict:
-    "Relative errors of the patched query-only run: per layer and at the output."
+    "Relative errors of the patched query-only run, per layer and at the end."
     n = C.shape[1]
     with torch.no_grad():
         patch = context_patches(model, C, x, mode, closed_loop=closed_loop)
@@ -278,7 +288,7 @@ def patch_errors(model, C: torch.Tensor, x: torch.Tensor, mode: str = 'bias',
                            zip(hid_p[1:], hid[1:])],
                 output=rel_err(out_p, out[:, n:]), numel=patch.numel())
 
-# %% ../nbs/03_deep.ipynb #01a2eeff
+# %% ../nbs/03_deep.ipynb #263a1b1c
 def _check_lm(model) -> None:
     if not isinstance(model, TinyLM):
         raise TypeError("generation needs a token model with an LM head "
@@ -301,7 +311,7 @@ def greedy_patched(model: TinyLM, C: torch.Tensor, x: torch.Tensor, k: int,
     _check_lm(model); q, logits = x, []
     with torch.no_grad():
         for _ in range(k):
-            patch = context_patches(model, C, q, mode)          # for this query
+            patch = context_patches(model, C, q, mode)         # for this query
             logits.append(patch.apply(model, q)[:, -1])         # C not read
             q = torch.cat([q, logits[-1].argmax(-1, keepdim=True)], 1)
     out = q[:, x.shape[1]:]
