@@ -158,7 +158,7 @@ def apply_update(dW, z: torch.Tensor) -> torch.Tensor:
     if dW.dim() == 2: return z @ dW.T
     return (dW @ z[..., None])[..., 0]
 
-# %% ../nbs/01_contextual_blocks.ipynb #8c2d7e47
+# %% ../nbs/01_contextual_blocks.ipynb #61c557e4
 _ACTS = {'gelu': F.gelu, 'relu': F.relu, 'tanh': torch.tanh}
 
 class MLP(nn.Module):
@@ -184,10 +184,11 @@ class MLP(nn.Module):
         out = self.layers[-1](h) + apply_update(dW_out, h)
         return out if db_out is None else out + db_out
 
-    def forward(self, z, dW=None, dW_out=None, db_out=None) -> torch.Tensor:
-        "M_{W+ΔW}(z); updates of the first/last weight and last bias are optional."
-        return self.rest(F.linear(z, self.W, self.b) + apply_update(dW, z),
-                         dW_out, db_out)
+    def forward(self, z, dW=None, dW_out=None, db_out=None,
+                db=None) -> torch.Tensor:
+        "M_{W+ΔW}(z); updates of W, b and of the last weight and bias optional."
+        pre = F.linear(z, self.W, self.b) + apply_update(dW, z)
+        return self.rest(pre if db is None else pre + db, dW_out, db_out)
 
 # %% ../nbs/01_contextual_blocks.ipynb #db7f61ba
 class ContextualBlock(nn.Module):
@@ -221,7 +222,7 @@ def make_block(kind: str = 'softmax', d: int = 8, d_hidden: int = 32,
                           MLP(d, d_hidden, d, depth=depth))
     return blk.to(resolve_dtype(dtype))
 
-# %% ../nbs/01_contextual_blocks.ipynb #e9df4170
+# %% ../nbs/01_contextual_blocks.ipynb #6f7f4746
 class PreLNBlock(nn.Module):
     "h = z + A(LN1 z); out = h + MLP(LN2 h), over whole sequences (B, T, d)."
     def __init__(self, d: int, heads: int = 4, d_mlp: int = 128,
@@ -231,10 +232,11 @@ class PreLNBlock(nn.Module):
         self.layer = make_layer(kind, d, heads, causal)
         self.mlp = MLP(d, d_mlp, d)
 
-    def forward(self, Z, dW=None, dW_out=None, db_out=None, mask=None):
+    def forward(self, Z, dW=None, dW_out=None, db_out=None, mask=None,
+                db=None):
         "One block, optionally with updated MLP weights; Z (B, T, d)."
         h = Z + self.layer.seq(self.ln1(Z), mask)
-        return h + self.mlp(self.ln2(h), dW, dW_out, db_out)
+        return h + self.mlp(self.ln2(h), dW, dW_out, db_out, db)
 
 # %% ../nbs/01_contextual_blocks.ipynb #a8260d73
 @dataclass
