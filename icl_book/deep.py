@@ -142,7 +142,7 @@ class TinyLM(nn.Module):
         return self.stack(self.embed(tokens, start), updates,
                           return_hidden=return_hidden)
 
-# %% ../nbs/03_deep.ipynb #6d2ca72e
+# %% ../nbs/03_deep.ipynb #31821ace
 def _model_blocks(model) -> nn.ModuleList:
     "The checked Pre-LN blocks of a `PreLNStack` or `TinyLM`."
     if not isinstance(model, (PreLNStack, TinyLM)):
@@ -175,7 +175,7 @@ def _join(model, C, x):
                              f"{getattr(t, 'shape', type(t).__name__)}")
     if C.shape[1] == 0:
         raise ValueError("the context C is empty: there is nothing to "
-                         "patch (the query alone already is the model's run)")
+                         "patch (run the model on the query alone)")
     if x.shape[1] == 0: raise ValueError("the query x is empty")
     if C.shape[0] != x.shape[0] or C.shape[2:] != x.shape[2:]:
         raise ValueError(f"C {tuple(C.shape)} and x {tuple(x.shape)} must "
