@@ -405,7 +405,7 @@ def plot_trajectory_dynamics(curves: dict):
     axs[0, 0].legend(fontsize=7, loc='lower left'); fig.tight_layout()
     return fig
 
-# %% ../nbs/04_dynamics.ipynb #3e01a624
+# %% ../nbs/04_dynamics.ipynb #8aebbc69
 def _best_time(f, repeats: int) -> float:
     "Best wall-clock time of `repeats` calls of f, in seconds."
     best = math.inf
@@ -419,6 +419,7 @@ def bench_trajectory(n: int = 1024, layers: int = 10, d_model: int = 64,
                      check: int = 32) -> dict:
     "Loop vs one pass for a causal Pre-LN stack: times, speedup, agreement."
     if n < 1: raise ValueError(f"n must be >= 1, got {n}")
+    t0 = time.perf_counter()
     cfg = StackConfig(depth=layers, d_model=d_model, heads=heads, d_mlp=d_mlp,
                       kind=kind, seed=seed, dtype='float32')
     g = torch.Generator().manual_seed(seed + 1)
@@ -445,4 +446,4 @@ def bench_trajectory(n: int = 1024, layers: int = 10, d_model: int = 64,
                 t_forward=t_fwd, t_forward_prompt=t_prompt,
                 t_forward_context=t_ctx, t_batched=t_fast, t_naive=t_slow,
                 speedup=t_slow / t_fast, forward_ratio=t_fast / t_fwd,
-                max_rel_diff=diff)
+                max_rel_diff=diff, t_total=time.perf_counter() - t0)
