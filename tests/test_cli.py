@@ -1,0 +1,45 @@
+"""`python -m icl_book ...`: the last line is one JSON object; bad input exits 2."""
+import json
+import subprocess
+import sys
+
+import pytest
+
+from conftest import ROOT
+
+
+def run(*args):
+    r = subprocess.run([sys.executable, "-m", "icl_book", *args], cwd=ROOT,
+                       capture_output=True, text=True, timeout=600)
+    return r, (json.loads(r.stdout.strip().splitlines()[-1]) if r.returncode == 0 else None)
+
+
+@pytest.mark.parametrize("dtype,tol", [("float32", 1e-6), ("float64", 1e-12)])
+def test_verify_headline_configuration(dtype, tol):
+    r, res = run("verify", "--layers", "10", "--context", "256", "--dtype", dtype)
+    assert r.returncode == 0, r.stderr
+    assert res["layers"] == 10 and res["context"] == 256 and res["dtype"] == dtype
+    assert 0 < res["max_rel_err"] <= tol
+
+
+def test_verify_other_settings_are_echoed():
+    r, res = run("verify", "--layers", "2", "--context", "8", "--query", "3",
+                 "--layer-kind", "gru", "--mode", "rank1", "--seed", "4", "--dtype", "float64")
+    assert r.returncode == 0, r.stderr
+    assert (res["query"], res["layer_kind"], res["mode"], res["seed"]) == (3, "gru", "rank1", 4)
+    assert res["max_rel_err"] <= 1e-12
+
+
+def test_bench_trajectory_small():
+    r, res = run("bench", "trajectory", "--n", "24", "--layers", "2", "--d-model", "16")
+    assert r.returncode == 0, r.stderr
+    assert res["speedup"] > 0 and res["max_rel_diff"] <= 1e-9 and res["n"] == 24
+
+
+@pytest.mark.parametrize("args,msg", [
+    (["verify", "--layers", "0"], "layers must be a positive integer"),
+    (["verify", "--context", "-3"], "context must be a positive integer"),
+])
+def test_bad_settings_are_an_error_message(args, msg):
+    r, _ = run(*args)
+    assert r.returncode == 2 and msg in r.stderr and "Traceback" not in r.stderr
