@@ -158,7 +158,7 @@ def apply_update(dW, z: torch.Tensor) -> torch.Tensor:
     if dW.dim() == 2: return z @ dW.T
     return (dW @ z[..., None])[..., 0]
 
-# %% ../nbs/01_contextual_blocks.ipynb #61c557e4
+# %% ../nbs/01_contextual_blocks.ipynb #23b50df2
 _ACTS = {'gelu': F.gelu, 'relu': F.relu, 'tanh': torch.tanh}
 
 class MLP(nn.Module):
@@ -177,18 +177,29 @@ class MLP(nn.Module):
     @property
     def b(self) -> torch.Tensor: return self.layers[0].bias     # (H,)
 
-    def rest(self, pre: torch.Tensor, dW_out=None, db_out=None) -> torch.Tensor:
-        "f_θ: everything after the first dense layer (optionally updated)."
+    def _pre(self, z, dW=None, db=None) -> torch.Tensor:
+        pre = F.linear(z, self.W, self.b) + apply_update(dW, z)   # (..., H)
+        return pre if db is None else pre + db
+
+    def _hidden(self, pre: torch.Tensor) -> torch.Tensor:
         h = _ACTS[self.act](pre)
         for lin in self.layers[1:-1]: h = _ACTS[self.act](lin(h))
+        return h
+
+    def hidden(self, z, dW=None, db=None) -> torch.Tensor:
+        "What the last dense layer reads when the MLP reads z (..., H)."
+        return self._hidden(self._pre(z, dW, db))
+
+    def rest(self, pre: torch.Tensor, dW_out=None, db_out=None) -> torch.Tensor:
+        "f_θ: everything after the first dense layer (optionally updated)."
+        h = self._hidden(pre)
         out = self.layers[-1](h) + apply_update(dW_out, h)
         return out if db_out is None else out + db_out
 
     def forward(self, z, dW=None, dW_out=None, db_out=None,
                 db=None) -> torch.Tensor:
         "M_{W+ΔW}(z); updates of W, b and of the last weight and bias optional."
-        pre = F.linear(z, self.W, self.b) + apply_update(dW, z)
-        return self.rest(pre if db is None else pre + db, dW_out, db_out)
+        return self.rest(self._pre(z, dW, db), dW_out, db_out)
 
 # %% ../nbs/01_contextual_blocks.ipynb #db7f61ba
 class ContextualBlock(nn.Module):
