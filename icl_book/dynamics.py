@@ -126,7 +126,7 @@ def regression_tokens(X: torch.Tensor, y: torch.Tensor, x_q: torch.Tensor):
     C = torch.cat([X, y[..., None]], -1)
     return C, torch.cat([x_q, x_q.new_zeros(*x_q.shape[:-1], 1)], -1)
 
-# %% ../nbs/04_dynamics.ipynb #a30f6927
+# %% ../nbs/04_dynamics.ipynb #cf81672d
 @functools.lru_cache(maxsize=8)
 def _visible(S: int, n: int, first: int, device) -> torch.Tensor:
     "Mask (S, n+1): stream s sees tokens j < s + first, and itself (last)."
@@ -134,18 +134,18 @@ def _visible(S: int, n: int, first: int, device) -> torch.Tensor:
     see[:, :n] = see[:, :n].tril(first - 1)
     return see
 
-def _attend_streams(layer: _Attention, Zc, Zs, first: int) -> torch.Tensor:
-    "Stream s (prefix i = first + s) attends to c_1..c_i and to itself."
-    B, n, d = Zc.shape; S = Zs.shape[1]
-    hd = lambda f, Z: layer._heads(f(Z))                  # -> (B, h, T, dh)
-    kc, vc = hd(layer.k, Zc), hd(layer.v, Zc)
-    qs, ks, vs = hd(layer.q, Zs), hd(layer.k, Zs), hd(layer.v, Zs)
-    scores = torch.cat([qs @ kc.transpose(-1, -2),        # (B, h, S, n)
-                        (qs * ks).sum(-1, keepdim=True)],  # self, (B, h, S, 1)
+def _attend(layer: _Attention, Z, n: int, see, rows=slice(None)):
+    "Rows `rows` of Z (B, T, d) attend to its first n rows (`see`) and to self."
+    B, T, d = Z.shape
+    k, v = layer._heads(layer.k(Z)), layer._heads(layer.v(Z))  # (B, h, T, dh)
+    q = layer._heads(layer.q(Z[:, rows]))                 # (B, h, S, dh)
+    ks, vs = k[:, :, rows], v[:, :, rows]                 # their own keys
+    scores = torch.cat([q @ k[:, :, :n].transpose(-1, -2),  # (B, h, S, n)
+                        (q * ks).sum(-1, keepdim=True)],  # self, (B, h, S, 1)
                        -1) / math.sqrt(d // layer.heads)
-    p = layer._mix(scores, _visible(S, n, first, Zc.device))  # (B,h,S,n+1)
-    out = p[..., :n] @ vc + p[..., n:] * vs               # (B, h, S, dh)
-    return layer.o(out.transpose(1, 2).reshape(B, S, d))  # (B, S, d)
+    p = layer._mix(scores, see)                           # (B, h, S, n+1)
+    out = p[..., :n] @ v[:, :, :n] + p[..., n:] * vs      # (B, h, S, dh)
+    return layer.o(out.transpose(1, 2).reshape(B, q.shape[2], d))
 
 def _recurrent_streams(layer: RecurrentLayer, Zc, Zs,
                        first: int) -> torch.Tensor:
@@ -163,7 +163,7 @@ def _recurrent_streams(layer: RecurrentLayer, Zc, Zs,
         state = flat([Zc.new_zeros(1, B, k)] + list(H[:, None]))
     return r(Zs.reshape(B * S, 1, -1), state)[0].view(B, S, k)
 
-# %% ../nbs/04_dynamics.ipynb #4516d0e9
+# %% ../nbs/04_dynamics.ipynb #175b77c0
 def prefix_streams(layer: ContextualLayer, Zc: torch.Tensor, Zs: torch.Tensor,
                    first: int = 0) -> torch.Tensor:
     "Stream s reads c_1..c_{first+s}, then its token; Zs (B, n+1-first, d)."
@@ -174,8 +174,10 @@ def prefix_streams(layer: ContextualLayer, Zc: torch.Tensor, Zs: torch.Tensor,
         raise ValueError(f"need one stream per prefix length {first}..{n} "
                          f"(first = 0 or 1): Zs must be {want}, got "
                          f"{tuple(Zs.shape)} with first={first}")
-    if isinstance(layer, _Attention):
-        return _attend_streams(layer, Zc, Zs, first)
+    if isinstance(layer, _Attention):                     # streams after C
+        return _attend(layer, torch.cat([Zc, Zs], 1), n,
+                       _visible(n + 1 - first, n, first, Zc.device),
+                       rows=slice(n, None))
     if isinstance(layer, RecurrentLayer):
         return _recurrent_streams(layer, Zc, Zs, first)
     raise TypeError(f"no batched prefix computation for "
@@ -234,7 +236,7 @@ def _check_stack(stack, C, x) -> None:
                          f"got {getattr(x, 'shape', x)}")
     if C.shape[1] < 1: raise ValueError("the context is empty: no trajectory")
 
-# %% ../nbs/04_dynamics.ipynb #26034de2
+# %% ../nbs/04_dynamics.ipynb #ab6b0b11
 def stack_trajectory(stack: PreLNStack, C: torch.Tensor, x: torch.Tensor,
                      mode: str = 'bias', on_layer=None, min_norm=None):
     "Each block's patch for each prefix i = 1..n in one pass (B, n, .)."
@@ -250,8 +252,8 @@ def stack_trajectory(stack: PreLNStack, C: torch.Tensor, x: torch.Tensor,
         p = _squeeze_q(p)
         if on_layer is None: out.append(p)
         else: on_layer(l, p)
-        Hs = hs + blk.mlp(blk.ln2(hs))
-        if l < L - 1:                    # the context's next-layer states
+        if l < L - 1:                    # next-layer states of both
+            Hs = hs + blk.mlp(blk.ln2(hs))
             hc = Hc + blk.layer.seq(Zc); Hc = hc + blk.mlp(blk.ln2(hc))
     return None if on_layer is not None else out
 
