@@ -62,30 +62,31 @@ def sample_prompts(cfg: TaskConfig, batch: int, g: torch.Generator,
     eps = cfg.noise * torch.randn(batch, n + q, generator=g)
     return Prompts(w, X, (X @ w[:, :, None])[..., 0] + eps, n)
 
-# %% ../nbs/05_regression.ipynb #51c44672
+# %% ../nbs/05_regression.ipynb #f8933b4d
 def with_context(p: Prompts, n: int) -> Prompts:
     "The same tasks and queries with only the first n context examples."
     if not 0 <= n <= p.n:
-        raise ValueError(f"n must be between 0 and the context length {p.n}, got {n}")
+        raise ValueError(f"n must be between 0 and the context length "
+                         f"{p.n}, got {n}")
     keep = torch.cat([torch.arange(n), torch.arange(p.n, p.X.shape[1])])
     return Prompts(p.w, p.X[:, keep], p.y[:, keep], n)
 
-# %% ../nbs/05_regression.ipynb #82494361
+# %% ../nbs/05_regression.ipynb #97adfd6e
 def ridge(X: torch.Tensor, y: torch.Tensor, lam: float = 0.) -> torch.Tensor:
     "Ridge estimate of w (B, d) from X (B, n, d), y (B, n); lam=0 is OLS."
     B, n, d = X.shape
     if n == 0: return X.new_zeros(B, d)
+    Xd, yd = X.double(), y.double()[..., None]         # (B, n, d), (B, n, 1)
     if lam == 0:                                       # min-norm least squares
-        return (torch.linalg.pinv(X.double()) @ y.double()[..., None])[..., 0].to(X.dtype)
-    G = X.double().transpose(1, 2) @ X.double() + lam * torch.eye(d, dtype=torch.float64)
-    rhs = X.double().transpose(1, 2) @ y.double()[..., None]
-    return torch.linalg.solve(G, rhs)[..., 0].to(X.dtype)
+        return (torch.linalg.pinv(Xd) @ yd)[..., 0].to(X.dtype)
+    G = Xd.transpose(1, 2) @ Xd + lam * torch.eye(d, dtype=torch.float64)
+    return torch.linalg.solve(G, Xd.transpose(1, 2) @ yd)[..., 0].to(X.dtype)
 
 def ols(X: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     "Least-squares estimate of w (B, d), minimum-norm if n < d."
     return ridge(X, y, 0.)
 
-# %% ../nbs/05_regression.ipynb #2b6643e9
+# %% ../nbs/05_regression.ipynb #4cd904c4
 def baseline_predict(p: Prompts, method: str = 'ridge',
                      noise: Optional[float] = None) -> torch.Tensor:
     "Predictions (B, q) at the queries from the context: 'ols', 'ridge', 'zero'."
@@ -93,9 +94,11 @@ def baseline_predict(p: Prompts, method: str = 'ridge',
     if method == 'zero': return torch.zeros_like(p.targets)
     if method == 'ols': w = ols(Xc, yc)
     elif method == 'ridge':
-        if noise is None: raise ValueError("ridge needs the noise level σ (λ = σ²)")
+        if noise is None:
+            raise ValueError("ridge needs the noise level σ (λ = σ²)")
         w = ridge(Xc, yc, noise ** 2)
-    else: raise ValueError(f"method must be 'ols', 'ridge' or 'zero', got {method!r}")
+    else: raise ValueError(f"method must be 'ols', 'ridge' or 'zero', "
+                           f"got {method!r}")
     return (Xq @ w[:, :, None])[..., 0]
 
 # %% ../nbs/05_regression.ipynb #80b01205

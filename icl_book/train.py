@@ -29,7 +29,7 @@ def build_model(depth: int = 1, kind: str = 'softmax', d: int = 5,
                                   d_mlp=d_mlp, kind=kind, d_in=d + 1, d_out=1,
                                   seed=seed))
 
-# %% ../nbs/05a_training.ipynb #99dd5de9
+# %% ../nbs/05a_training.ipynb #6dd67e19
 def _recurrent_block(blk, H: torch.Tensor, n: int) -> torch.Tensor:
     "A recurrent Pre-LN block where each query continues the context alone."
     B, T, D = H.shape; q = T - n
@@ -44,13 +44,14 @@ def _recurrent_block(blk, H: torch.Tensor, n: int) -> torch.Tensor:
     return h + blk.mlp(blk.ln2(h))
 
 def predict(model: PreLNStack, tokens: torch.Tensor, n: int) -> torch.Tensor:
-    "Predictions (B, q) at the queries after n context tokens; tokens (B, n+q, d+1)."
+    "Predictions (B, q) at the queries after n context tokens (B, n+q, d+1)."
     T = tokens.shape[1]
     if not 0 <= n < T:
         raise ValueError(f"n={n} context tokens leave no query in a prompt "
                          f"of {T} tokens")
     if model.cfg.kind in ('softmax', 'linear'):
-        return model(tokens, mask=query_mask(n, T - n).to(tokens.device))[:, n:, 0]
+        mask = query_mask(n, T - n).to(tokens.device)
+        return model(tokens, mask=mask)[:, n:, 0]
     H = model.embed(tokens)
     for blk in model.blocks: H = _recurrent_block(blk, H, n)
     return model.read_out(model.ln_f(H))[:, n:, 0]
@@ -85,7 +86,7 @@ CHECKPOINTS = {
 }
 EVAL_SEED = 1234                  # the fixed test prompts of every log
 
-# %% ../nbs/05a_training.ipynb #62568724
+# %% ../nbs/05a_training.ipynb #2122faea
 def model_for(cfg: TrainConfig) -> PreLNStack:
     "The untrained model of a training configuration."
     return build_model(cfg.depth, cfg.kind, cfg.task.d, cfg.d_model,
@@ -101,7 +102,8 @@ def lr_at(cfg: TrainConfig, step: int) -> float:
     "Linear warm-up, then cosine decay to 0."
     w = max(1, int(cfg.warmup * cfg.steps))
     if step < w: return cfg.lr * (step + 1) / w
-    return cfg.lr * 0.5 * (1 + math.cos(math.pi * (step - w) / max(1, cfg.steps - w)))
+    t = (step - w) / max(1, cfg.steps - w)                 # 0 -> 1
+    return cfg.lr * 0.5 * (1 + math.cos(math.pi * t))
 
 # %% ../nbs/05a_training.ipynb #c54c7e5c
 def evaluate(model: PreLNStack, p: Prompts) -> dict:
@@ -152,7 +154,7 @@ def train(cfg: TrainConfig, steps: Optional[int] = None, verbose: bool = False):
         torch.set_num_threads(threads)
     return model.eval(), log
 
-# %% ../nbs/05a_training.ipynb #01b00f3e
+# %% ../nbs/05a_training.ipynb #65e61569
 import icl_book
 CKPT_DIR = Path(icl_book.__file__).parent / 'checkpoints'
 
@@ -163,13 +165,14 @@ def _paths(name: str, folder=None) -> tuple:
 def save_checkpoint(model: PreLNStack, cfg: TrainConfig, log: dict,
                     folder=None) -> Path:
     "Write NAME.pt (config + weights) and NAME.json (config + log)."
-    pt, js = _paths(cfg.name, folder); pt.parent.mkdir(parents=True, exist_ok=True)
+    pt, js = _paths(cfg.name, folder)
+    pt.parent.mkdir(parents=True, exist_ok=True)
     torch.save(dict(config=asdict(cfg), state_dict=model.state_dict()), pt)
     js.write_text(json.dumps(dict(config=asdict(cfg), torch=torch.__version__,
                                   log=log), indent=1) + '\n')
     return pt
 
-# %% ../nbs/05a_training.ipynb #d1cb0ce7
+# %% ../nbs/05a_training.ipynb #38a6b804
 def _config(d: dict) -> TrainConfig:
     return TrainConfig(**{**d, 'task': TaskConfig(**d['task'])})
 
@@ -181,7 +184,8 @@ def _missing(name: str, path: Path) -> FileNotFoundError:
 def load_model(name: str, folder=None, strict: bool = True) -> PreLNStack:
     "A trained model from its checkpoint, in eval mode."
     if name not in CHECKPOINTS and strict:
-        raise ValueError(f"unknown checkpoint {name!r}; one of {list(CHECKPOINTS)}")
+        raise ValueError(f"unknown checkpoint {name!r}; one of "
+                         f"{list(CHECKPOINTS)}")
     pt, _ = _paths(name, folder)
     if not pt.exists(): raise _missing(name, pt)
     ckpt = torch.load(pt, weights_only=True)
@@ -200,19 +204,21 @@ def load_log(name: str, folder=None) -> dict:
     if not js.exists(): raise _missing(name, js)
     return json.loads(js.read_text())
 
-# %% ../nbs/05a_training.ipynb #43d90bdf
+# %% ../nbs/05a_training.ipynb #329ba228
 def train_all(names=None, folder=None, verbose: bool = True) -> dict:
     "Train and save the given checkpoints (default: all); return their logs."
     logs = {}
     for name in names or list(CHECKPOINTS):
         if name not in CHECKPOINTS:
-            raise ValueError(f"unknown checkpoint {name!r}; one of {list(CHECKPOINTS)}")
+            raise ValueError(f"unknown checkpoint {name!r}; one of "
+                             f"{list(CHECKPOINTS)}")
         model, log = train(CHECKPOINTS[name])
         save_checkpoint(model, CHECKPOINTS[name], log, folder)
         logs[name] = log
         if verbose:
             print(f"{name}: {log['seconds']:.0f} s, test loss with context "
-                  f"{log['test_ctx'][-1]:.4f}, patched {log['test_patched'][-1]:.4f}")
+                  f"{log['test_ctx'][-1]:.4f}, "
+                  f"patched {log['test_patched'][-1]:.4f}")
     return logs
 
 # %% ../nbs/05a_training.ipynb #3d0ec462
@@ -227,7 +233,7 @@ def compare_checkpoints(a=None, b=None, names=None) -> dict:
         out[name] = dict(max_weight_diff=dw, loss_rel_diff=abs(la - lb) / lb)
     return out
 
-# %% ../nbs/05a_training.ipynb #1d1cb77e
+# %% ../nbs/05a_training.ipynb #12d37417
 def check_reproduction(names=None, threads: Optional[int] = None,
                        record: bool = True) -> dict:
     "Retrain into a temporary folder, compare with the shipped files, record it."
@@ -236,7 +242,8 @@ def check_reproduction(names=None, threads: Optional[int] = None,
     with tempfile.TemporaryDirectory() as tmp:
         for k in names:
             cfg = CHECKPOINTS[k]
-            model, log = train(cfg if threads is None else replace(cfg, threads=threads))
+            run = cfg if threads is None else replace(cfg, threads=threads)
+            model, log = train(run)
             save_checkpoint(model, cfg, log, tmp)         # the shipped config
         res = compare_checkpoints(tmp, None, names)
     rec = dict(threads=threads or 1, torch=torch.__version__,
@@ -247,16 +254,18 @@ def check_reproduction(names=None, threads: Optional[int] = None,
         path.write_text(json.dumps(recs + [rec], indent=1) + '\n')
     return rec
 
-# %% ../nbs/05a_training.ipynb #62545994
+# %% ../nbs/05a_training.ipynb #9a92e6e0
 def main(argv=None) -> None:
-    "`python -m icl_book.train [--all | NAME ...] [--out DIR] [--check [--threads T]]`."
-    ap = argparse.ArgumentParser(prog='python -m icl_book.train',
-                                 description='Regenerate the shipped checkpoints.')
+    "`python -m icl_book.train [--all | NAME ...] [--out DIR] [--check]`."
+    ap = argparse.ArgumentParser(
+        prog='python -m icl_book.train',
+        description='Regenerate the shipped checkpoints.')
     ap.add_argument('names', nargs='*', help=f'any of {list(CHECKPOINTS)}')
     ap.add_argument('--all', action='store_true', help='every checkpoint')
     ap.add_argument('--out', default=None, help=f'folder (default {CKPT_DIR})')
-    ap.add_argument('--check', action='store_true', help='retrain into a temporary '
-                    'folder, compare with the shipped files, record the result')
+    ap.add_argument('--check', action='store_true',
+                    help='retrain into a temporary folder, compare with the '
+                    'shipped files, record the result')
     ap.add_argument('--threads', type=int, default=None,
                     help='with --check: torch threads for the retrain')
     a = ap.parse_args(argv)
