@@ -71,7 +71,7 @@ def test_deep_fit_is_exact_for_one_query(kind):
     C, X = torch.randn(7, 5, generator=g).double(), torch.randn(1, 5, generator=g).double()
     tp = fit_stack_thought_patch(net, C, X)
     assert stack_patch_error(net, C, X, tp) < 1e-24 * (1 + stack_patch_error(net, C, X))
-    assert tp.numel() == 3 * (16 * 8 + 8)      # M and δ per layer, no β
+    assert tp.numel() == 3 * (16 * 8 + 16 + 8 * 16 + 8)   # M, β, M_out, δ per layer
 
 
 def test_deep_fit_does_not_mutate_and_orders_baselines():
