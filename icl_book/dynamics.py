@@ -126,7 +126,7 @@ def regression_tokens(X: torch.Tensor, y: torch.Tensor, x_q: torch.Tensor):
     C = torch.cat([X, y[..., None]], -1)
     return C, torch.cat([x_q, x_q.new_zeros(*x_q.shape[:-1], 1)], -1)
 
-# %% ../nbs/04_dynamics.ipynb #cf81672d
+# %% ../nbs/04_dynamics.ipynb #36ae6c58
 @functools.lru_cache(maxsize=8)
 def _visible(S: int, n: int, first: int, device) -> torch.Tensor:
     "Mask (S, n+1): stream s sees tokens j < s + first, and itself (last)."
@@ -135,7 +135,7 @@ def _visible(S: int, n: int, first: int, device) -> torch.Tensor:
     return see
 
 def _attend(layer: _Attention, Z, n: int, see, rows=slice(None)):
-    "Rows `rows` of Z (B, T, d) attend to its first n rows (`see`) and to self."
+    "Rows `rows` of Z (B, T, d) attend to its first n rows (`see`), and self."
     B, T, d = Z.shape
     k, v = layer._heads(layer.k(Z)), layer._heads(layer.v(Z))  # (B, h, T, dh)
     q = layer._heads(layer.q(Z[:, rows]))                 # (B, h, S, dh)
@@ -407,18 +407,19 @@ def plot_trajectory_dynamics(curves: dict):
     axs[0, 0].legend(fontsize=7, loc='lower left'); fig.tight_layout()
     return fig
 
-# %% ../nbs/04_dynamics.ipynb #8aebbc69
-def _best_time(f, repeats: int) -> float:
-    "Best wall-clock time of `repeats` calls of f, in seconds."
-    best = math.inf
-    for _ in range(repeats):
+# %% ../nbs/04_dynamics.ipynb #fc8c298a
+def _best_time(f, repeats: int, budget: float = 0.0) -> float:
+    "Best time of f over >= `repeats` calls, more (<= 100) within `budget` s."
+    best, start, k = math.inf, time.perf_counter(), 0
+    while k < repeats or (k < 100 and time.perf_counter() - start < budget):
         t = time.perf_counter(); f(); best = min(best, time.perf_counter() - t)
+        k += 1
     return best
 
 def bench_trajectory(n: int = 1024, layers: int = 10, d_model: int = 64,
                      seed: int = 0, heads: int = 4, d_mlp: int = 256,
                      batch: int = 1, kind: str = 'softmax', repeats: int = 3,
-                     check: int = 32) -> dict:
+                     check: int = 32, budget: float = 1.0) -> dict:
     "Loop vs one pass for a causal Pre-LN stack: times, speedup, agreement."
     if n < 1: raise ValueError(f"n must be >= 1, got {n}")
     t0 = time.perf_counter()
@@ -430,9 +431,10 @@ def bench_trajectory(n: int = 1024, layers: int = 10, d_model: int = 64,
     net, C, x = PreLNStack(cfg), C64.float(), x64.float()
     with torch.inference_mode():
         prompt = torch.cat([C, x[:, None]], 1)                    # (B, n+1, d)
-        t_prompt = _best_time(lambda: net(prompt), repeats)
-        t_ctx = _best_time(lambda: net(C), repeats)
-        t_fast = _best_time(lambda: stack_trajectory(net, C, x), repeats)
+        t_prompt = _best_time(lambda: net(prompt), repeats, budget)
+        t_ctx = _best_time(lambda: net(C), repeats, budget)
+        t_fast = _best_time(lambda: stack_trajectory(net, C, x), repeats,
+                            budget)
         t_slow = _best_time(lambda: stack_trajectory_naive(net, C, x), 1)
         net64 = PreLNStack(replace(cfg, dtype='float64'))
         idx = sorted({1, n} | {round(1 + k * (n - 1) / max(check - 1, 1))
