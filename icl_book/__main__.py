@@ -10,9 +10,9 @@ import sys
 import time
 
 # %% auto #0
-__all__ = ['parser', 'main']
+__all__ = ['CLAIMS', 'parser', 'main']
 
-# %% ../nbs/12_cli.ipynb #c7aa8bb0
+# %% ../nbs/12_cli.ipynb #3e369350
 def _verify(a: argparse.Namespace) -> dict:
     from icl_book.deep import verify
     return verify(layers=a.layers, context=a.context, query=a.query, dtype=a.dtype,
@@ -20,13 +20,29 @@ def _verify(a: argparse.Namespace) -> dict:
                   d_model=a.d_model, heads=a.heads, d_mlp=a.d_mlp,
                   causal=not a.bidirectional)
 
+def _reproducers() -> dict:
+    "CLAIM -> the function of the chapter that reproduces it."
+    from icl_book.equivalence import reproduce_equivalence
+    from icl_book.finetune import reproduce_finetune_alignment
+    from icl_book.convergence import reproduce_rnn_convergence
+    from icl_book.thought import reproduce_thought_patch
+    return {'equivalence': reproduce_equivalence,
+            'finetune-alignment': reproduce_finetune_alignment,
+            'rnn-convergence': reproduce_rnn_convergence,
+            'thought-patch': reproduce_thought_patch}
+
+CLAIMS = ('equivalence', 'finetune-alignment', 'rnn-convergence', 'thought-patch')
+
+def _reproduce(a: argparse.Namespace) -> dict:
+    return {'claim': a.claim, **_reproducers()[a.claim]()}
+
 def _bench(a: argparse.Namespace) -> dict:
     if a.what == 'trajectory':
         from icl_book.dynamics import bench_trajectory
         return bench_trajectory(n=a.n, layers=a.layers, d_model=a.d_model, seed=a.seed)
     raise ValueError(f"unknown benchmark {a.what!r}")
 
-# %% ../nbs/12_cli.ipynb #1cf07fbf
+# %% ../nbs/12_cli.ipynb #ba55524b
 def parser() -> argparse.ArgumentParser:
     "The `python -m icl_book` argument parser."
     p = argparse.ArgumentParser(prog='python -m icl_book', description=(
@@ -55,6 +71,10 @@ def parser() -> argparse.ArgumentParser:
     b.add_argument('--d-model', type=int, default=64)
     b.add_argument('--seed', type=int, default=0)
     b.set_defaults(run=_bench)
+    r = sub.add_parser('reproduce', help="reproduce one of the paper's claims "
+                       "on the shipped checkpoints")
+    r.add_argument('claim', choices=CLAIMS)
+    r.set_defaults(run=_reproduce)
     return p
 
 # %% ../nbs/12_cli.ipynb #70259b83

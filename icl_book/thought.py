@@ -239,8 +239,8 @@ def plot_thought_curves(df):
            ylabel='error / no-patch error')
     ax.legend(fontsize=7, ncol=2); fig.tight_layout(); return fig
 
-# %% ../nbs/09_thought_patch.ipynb #2d5b6903
-def reproduce_thought_patch(n: int = 40, Ks=(1, 4, 16, 64, 256), tasks: int = 4,
+# %% ../nbs/09_thought_patch.ipynb #2a74f090
+def reproduce_thought_patch(n: int = 40, Ks=(1, 4, 16, 64, 256), tasks: int = 3,
                             seed: int = 0, model: str = 'attn10') -> dict:
     "Train/test error vs K of the thought patch on a shipped model (JSON-able)."
     cfg = ThoughtConfig(model=model, n_ctx=(n,), Ks=tuple(sorted(Ks)),

@@ -43,3 +43,26 @@ def test_bench_trajectory_small():
 def test_bad_settings_are_an_error_message(args, msg):
     r, _ = run(*args)
     assert r.returncode == 2 and msg in r.stderr and "Traceback" not in r.stderr
+
+
+@pytest.mark.parametrize("claim,keys", [
+    ("equivalence", ["layers", "max_rel_err"]),
+    ("finetune-alignment", ["cosine_median", "null_cosine_median"]),
+    ("rnn-convergence", ["attention_late_over_early", "gru_late_over_early",
+                         "lstm_late_over_early"]),
+    ("thought-patch", ["K", "train_err", "test_err", "no_patch_err"]),
+])
+def test_reproduce_prints_the_claims_numbers(claim, keys):
+    r, res = run("reproduce", claim)
+    assert r.returncode == 0, r.stderr
+    assert res["claim"] == claim and all(k in res for k in keys)
+    if claim == "equivalence":
+        assert res["layers"] == 10 and res["max_rel_err"] <= 1e-6
+    if claim == "rnn-convergence":
+        assert res["attention_late_over_early"] < 0.5 * min(res["gru_late_over_early"],
+                                                          res["lstm_late_over_early"])
+    if claim == "finetune-alignment":
+        assert res["cosine_median"] > res["null_cosine_median"]
+    if claim == "thought-patch":
+        assert len(res["K"]) == len(res["train_err"]) == len(res["test_err"])
+        assert res["K"] == sorted(res["K"]) and res["test_err"][-1] < res["no_patch_err"]
