@@ -88,14 +88,14 @@ def _arch(model) -> _Arch:
         f"the MLP weights live only in the transformers models "
         f"{', '.join(SUPPORTED)}.")
 
-# %% ../nbs/11_pretrained.ipynb #951e811e
+# %% ../nbs/11_pretrained.ipynb #e909ce2a
 def tiny_model(arch: str = 'llama', dtype='float64', seed: int = 0,
                layers: int = 3, d: int = 32, vocab: int = 97):
     "A small random GPT2LMHeadModel, LlamaForCausalLM or BertModel (eval mode)."
     import transformers as tf
     torch.manual_seed(seed)
     common = dict(vocab_size=vocab, bos_token_id=0, eos_token_id=1,
-                  pad_token_id=1)
+                  pad_token_id=None)           # no all-zero padding embedding
     if arch == 'gpt2':
         m = tf.GPT2LMHeadModel(tf.GPT2Config(
             n_layer=layers, n_embd=d, n_head=4, n_positions=128, **common))
@@ -234,7 +234,7 @@ def _with_context(arch: _Arch, ids: torch.Tensor, n: int) -> list:
         _base_forward(arch, ids)
     return keep
 
-# %% ../nbs/11_pretrained.ipynb #a01c1f6b
+# %% ../nbs/11_pretrained.ipynb #ff3289c5
 def context_patches(model, context_ids: torch.Tensor, query_ids: torch.Tensor,
                     mode: str = 'rank1', min_norm=None) -> HFPatch:
     "Per-layer, per-position patches: the query alone reproduces [context, query]."
@@ -252,8 +252,12 @@ def context_patches(model, context_ids: torch.Tensor, query_ids: torch.Tensor,
     def on_first(l, j, a):                   # a = the context-free MLP input
         lay = arch.layers[l]
         if j == 0 and lay.norm is None: h_free[l] = a         # post-LN
-        r = token_patch_factors(_weight(lay.first[j]), ctx[l]['a'], a,
-                                min_norm)
+        try:
+            r = token_patch_factors(_weight(lay.first[j]), ctx[l]['a'], a,
+                                    min_norm)
+        except ValueError as e:
+            raise ValueError(f"layer {l}, the context-free MLP input: {e}"
+                             ) from None
         dW[l].append(r)
         return r @ a                         # (W + u vᵀ) a = W a + u (vᵀ a)
 
