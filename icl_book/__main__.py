@@ -12,7 +12,7 @@ import time
 # %% auto #0
 __all__ = ['CLAIMS', 'parser', 'main']
 
-# %% ../nbs/12_cli.ipynb #3e369350
+# %% ../nbs/12_cli.ipynb #3a1e653d
 def _verify(a: argparse.Namespace) -> dict:
     from icl_book.deep import verify
     return verify(layers=a.layers, context=a.context, query=a.query, dtype=a.dtype,
@@ -40,9 +40,12 @@ def _bench(a: argparse.Namespace) -> dict:
     if a.what == 'trajectory':
         from icl_book.dynamics import bench_trajectory
         return bench_trajectory(n=a.n, layers=a.layers, d_model=a.d_model, seed=a.seed)
+    if a.what == 'hf':
+        from icl_book.hf import bench_hf
+        return bench_hf(context=a.context, seed=a.seed)
     raise ValueError(f"unknown benchmark {a.what!r}")
 
-# %% ../nbs/12_cli.ipynb #ba55524b
+# %% ../nbs/12_cli.ipynb #731d5fde
 def parser() -> argparse.ArgumentParser:
     "The `python -m icl_book` argument parser."
     p = argparse.ArgumentParser(prog='python -m icl_book', description=(
@@ -65,8 +68,10 @@ def parser() -> argparse.ArgumentParser:
     v.add_argument('--seed', type=int, default=0)
     v.set_defaults(run=_verify)
     b = sub.add_parser('bench', help='side-by-side benchmarks')
-    b.add_argument('what', choices=['trajectory'])
-    b.add_argument('--n', type=int, default=1024, help='context length')
+    b.add_argument('what', choices=['trajectory', 'hf'])
+    b.add_argument('--n', type=int, default=1024, help='trajectory: context length')
+    b.add_argument('--context', type=int, default=128,
+                   help='hf: context tokens of the SmolLM2 benchmark')
     b.add_argument('--layers', type=int, default=10)
     b.add_argument('--d-model', type=int, default=64)
     b.add_argument('--seed', type=int, default=0)
