@@ -109,7 +109,7 @@ def patched_weights(weight: torch.nn.Parameter, dW):
     finally:
         with torch.no_grad(): weight.copy_(saved)
 
-# %% ../nbs/02_token_patch.ipynb #f1ba2595
+# %% ../nbs/02_token_patch.ipynb #9d4c0538
 def chunk_kinds(n: int, g: torch.Generator) -> dict:
     "The chunks we test: whole context, a prefix, a suffix, scattered positions."
     k = max(1, n // 3)
@@ -125,7 +125,7 @@ def check_token_patch(kind: str, causal: bool = True, dtype='float64',
     blk = make_block(kind, d=8, d_hidden=32, causal=causal, dtype=dtype, seed=seed)
     g = seed_everything(seed + 1); dt = blk.W.dtype
     C = torch.randn(batch, n, 8, generator=g).to(dt)
-    x = torch.randn(batch, 8, generator=g).to(dt)
+    x = torch.randn(batch, 2, 8, generator=g).to(dt)        # two query tokens
     errs = {}
     with torch.no_grad():
         target = blk(C, x)                                          # T_W(C, x)

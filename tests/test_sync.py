@@ -8,6 +8,8 @@ import filecmp
 import shutil
 import subprocess
 
+import pytest
+
 from conftest import ROOT, tool
 
 
@@ -30,17 +32,12 @@ def _changed(a, b):
     return out
 
 
-def test_library_in_sync_with_notebooks(tmp_path):
+@pytest.mark.parametrize("cmd,folder", [("nbdev-export", "icl_book"),
+                                        ("nbdev-clean", "nbs")])
+def test_command_would_change_nothing(tmp_path, cmd, folder):
+    "nbdev-export: the library is in sync; nbdev-clean: the notebooks are clean."
     _copy_project(tmp_path)
-    subprocess.run([tool("nbdev-export")], cwd=tmp_path, check=True)
-    changed = _changed(ROOT / "icl_book", tmp_path / "icl_book")
-    assert not changed, (f"nbdev-export would change {changed}: run "
-                         "`.venv/bin/nbdev-export` and commit icl_book/")
-
-
-def test_notebooks_clean(tmp_path):
-    _copy_project(tmp_path)
-    subprocess.run([tool("nbdev-clean")], cwd=tmp_path, check=True)
-    changed = _changed(ROOT / "nbs", tmp_path / "nbs")
-    assert not changed, (f"nbdev-clean would change {changed}: run "
-                         "`.venv/bin/nbdev-clean` and commit nbs/")
+    subprocess.run([tool(cmd)], cwd=tmp_path, check=True)
+    changed = _changed(ROOT / folder, tmp_path / folder)
+    assert not changed, (f"{cmd} would change {changed}: run `.venv/bin/{cmd}` "
+                         f"and commit {folder}/")
