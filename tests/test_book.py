@@ -101,3 +101,50 @@ def test_math_typeset_in_browser(book, doc):
         shot = ARTIFACTS / f"{Path(doc).name}.png"
         _browse(path.as_uri(), f"--screenshot={shot}")
         assert shot.exists() and shot.stat().st_size > 10_000
+
+
+EXPLORER = "nbs/13_explorer"
+
+
+def _widget_outputs(html):
+    "The cell outputs that hold a widget view (its script and what renders it)."
+    views = re.findall(r'<div class="cell_output[^"]*">(.*?'
+                       r'application/vnd\.jupyter\.widget-view\+json.*?</script>)',
+                       html, re.S)
+    return [v[v.rfind('<div class="cell_output'):] for v in views]
+
+
+def test_explorer_page_embeds_widget_state(book):
+    "The build recorded the explorer's widget state and a view of it."
+    path, _ = _page(EXPLORER)
+    raw = path.read_text()
+    assert 'type="application/vnd.jupyter.widget-state+json"' in raw, \
+        "no widget state recorded: the static page cannot render the explorer"
+    assert 'type="application/vnd.jupyter.widget-view+json"' in raw
+    assert "embed-amd.js" in raw, "the page loads no ipywidgets HTML manager"
+    for model in ("VBoxModel", "DropdownModel", "IntSliderModel", "OutputModel"):
+        assert f'"{model}"' in raw, f"widget state lacks a {model}"
+    assert '"image/png"' in raw, "the explorer's Output holds no figure"
+
+
+@pytest.mark.skipif(_chromium() is None, reason="headless Chromium not installed "
+                    "(`make browser` or `apt-get install chromium`)")
+def test_explorer_widgets_rendered_in_browser(book):
+    "The vendored html-manager turns the recorded state into live widget views."
+    path, _ = _page(EXPLORER)
+    dom = _browse(path.as_uri(), "--dump-dom").stdout
+    assert "<body" in dom, "Chromium returned no DOM"
+    views = _widget_outputs(dom)
+    assert views, "no widget-view script in the rendered page"
+    out = views[0]
+    assert 'class="widget-subarea"' in out, \
+        "the html-manager rendered nothing next to the widget-view script"
+    for cls in ("lm-Widget", "jupyter-widgets", "widget-vbox", "widget-dropdown",
+                "widget-slider", "widget-html", "widget-output", "jp-RenderedImage"):
+        assert cls in out, f"rendered explorer lacks an element of class {cls}"
+    assert out.count("widget-dropdown") >= 2 and out.count("widget-slider") >= 3
+    assert 'src="data:image/png;base64,' in out, "the Output's figure is not shown"
+    ARTIFACTS.mkdir(exist_ok=True)
+    shot = ARTIFACTS / "13_explorer.png"
+    _browse(path.as_uri(), f"--screenshot={shot}")
+    assert shot.exists() and shot.stat().st_size > 10_000
