@@ -4,6 +4,7 @@ The build executes every notebook (`raise_on_error: true`); the checks read
 the HTML it wrote, and, where headless Chromium is installed, the page as a
 browser renders it: typeset math, images, no raw LaTeX delimiters.
 """
+import os
 import re
 import shutil
 import subprocess
@@ -61,6 +62,9 @@ def test_page_built_with_local_math_and_images(book, doc):
         img = (path.parent / src.split("?")[0]).resolve()
         assert img.exists() and img.stat().st_size > 0, f"{doc}: image {src} missing or empty"
     assert path.stat().st_size < 5_000_000, f"{doc}: page is {path.stat().st_size} bytes"
+    twice = sorted({src for src in p.imgs if p.imgs.count(src) > 1})
+    assert not twice, (f"{doc}: image shown more than once, {twice} (a glued figure left "
+                       "open is also displayed by its cell: close it after `glue`)")
 
 
 def test_book_builds_with_warnings_as_errors(book):
@@ -73,7 +77,9 @@ def test_index_redirects_to_root(book):
 
 
 def _chromium():
-    return shutil.which("chromium") or shutil.which("chromium-browser")
+    "Headless Chromium: $CHROMIUM, else Debian's `chromium`, else a Chrome on PATH."
+    return (os.environ.get("CHROMIUM") or shutil.which("chromium")
+            or shutil.which("chromium-browser") or shutil.which("google-chrome"))
 
 
 def _browse(url, *extra):
