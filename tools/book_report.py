@@ -31,9 +31,11 @@ def main():
     a = ap.parse_args()
     times = exec_times()
     pages = len(list((ROOT / "_build/html/nbs").glob("*.html")))
-    if a.since:
-        print(f"book built in {time.time() - a.since:.0f} s "
-              f"({pages} pages, {sum(times.values()):.0f} s executing notebooks)")
+    figures = len([p for p in (ROOT / "_build/html/_images").glob("*")
+                   if p.suffix in (".png", ".svg", ".jpg")])
+    took = f"book built in {time.time() - a.since:.0f} s " if a.since else "book: "
+    print(f"{took}({pages} pages, {figures} figures, "
+          f"{sum(times.values()):.0f} s executing notebooks)")
     for doc, t in sorted(times.items(), key=lambda kv: -kv[1])[:a.top]:
         print(f"  {t:7.1f} s  {doc}")
 
