@@ -102,7 +102,7 @@ def test_math_typeset_in_browser(book, doc):
     if 'class="math' in raw:
         assert "<mjx-container" in dom, f"{doc}: math present but not typeset by MathJax"
         assert "<mjx-merror" not in dom, f"{doc}: MathJax reported a TeX error"
-    if doc.endswith(("02_token_patch", "01_contextual_blocks")):
+    if doc.endswith(("02_token_patch", "01_contextual_blocks", "reproduction")):
         ARTIFACTS.mkdir(exist_ok=True)
         shot = ARTIFACTS / f"{Path(doc).name}.png"
         _browse(path.as_uri(), f"--screenshot={shot}")
