@@ -76,6 +76,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                                                                           'icl_book/convergence.py'),
                                       'icl_book.convergence.tail_slope': ('attention_vs_rnn.html#tail_slope', 'icl_book/convergence.py')},
             'icl_book.core': { 'icl_book.core.check_same': ('core.html#check_same', 'icl_book/core.py'),
+                               'icl_book.core.glue_figure': ('core.html#glue_figure', 'icl_book/core.py'),
                                'icl_book.core.rel_err': ('core.html#rel_err', 'icl_book/core.py'),
                                'icl_book.core.resolve_dtype': ('core.html#resolve_dtype', 'icl_book/core.py'),
                                'icl_book.core.seed_everything': ('core.html#seed_everything', 'icl_book/core.py'),

@@ -9,7 +9,7 @@ import numpy as np
 import torch
 
 # %% auto #0
-__all__ = ['DTYPES', 'seed_everything', 'resolve_dtype', 'rel_err', 'check_same', 'set_style']
+__all__ = ['DTYPES', 'seed_everything', 'resolve_dtype', 'rel_err', 'check_same', 'set_style', 'glue_figure']
 
 # %% ../nbs/00_core.ipynb #8f510863
 def seed_everything(seed: int = 0) -> torch.Generator:
@@ -60,3 +60,11 @@ def set_style() -> None:
     sns.set_theme(context='notebook', style='whitegrid', palette='colorblind')
     mpl.rcParams.update({'figure.dpi': 100, 'savefig.dpi': 150,
                          'figure.figsize': (6.4, 4.0), 'axes.titlesize': 'medium'})
+
+# %% ../nbs/00_core.ipynb #392bbb00
+def glue_figure(name: str, fig) -> None:
+    "Glue `fig` under `name` for a `{glue:figure}` and close it, so the book shows it once."
+    from myst_nb import glue                      # a build-time dependency (the dev extra)
+    import matplotlib.pyplot as plt
+    glue(name, fig, display=False)                # the figure is rendered now...
+    plt.close(fig)                                # ...so closing it loses nothing
