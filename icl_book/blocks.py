@@ -10,15 +10,17 @@ from typing import NamedTuple, Optional
 import torch
 from torch import nn
 import torch.nn.functional as F
-from .core import check_same, resolve_dtype, seed_everything
+from .core import (check_finite, check_int, check_same,
+                           resolve_dtype, seed_everything)
 
 # %% auto #0
-__all__ = ['LAYER_KINDS', 'ContextualLayer', 'SoftmaxAttention', 'LinearAttention', 'RecurrentLayer', 'make_layer', 'RankOne',
-           'apply_update', 'MLP', 'ContextualBlock', 'make_block', 'PreLNBlock', 'StackConfig', 'PreLNStack',
-           'context_increments', 'plot_context_increments']
+__all__ = ['ATTENTION_KINDS', 'LAYER_KINDS', 'ACTS', 'as_seq', 'ContextualLayer', 'Attention', 'SoftmaxAttention',
+           'LinearAttention', 'RecurrentLayer', 'make_layer', 'RankOne', 'apply_update', 'MLP', 'ContextualBlock',
+           'make_block', 'PreLNBlock', 'StackConfig', 'PreLNStack', 'context_increments', 'plot_context_increments']
 
 # %% ../nbs/01_contextual_blocks.ipynb #5cb39485
-def _as_seq(x: torch.Tensor, name: str) -> torch.Tensor:
+def as_seq(x: torch.Tensor, name: str) -> torch.Tensor:
+    "Return x if it is a tensor of shape (B, T, d); else a clear error."
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
     if x.dim() != 3:
@@ -37,9 +39,9 @@ class ContextualLayer(nn.Module):
     def forward(self, C: Optional[torch.Tensor], x: torch.Tensor) -> torch.Tensor:
         "A(C, x); C (B, n, d) or None, x (B, q, d) or (B, d)."
         single = isinstance(x, torch.Tensor) and x.dim() == 2
-        x = _as_seq(x[:, None] if single else x, 'x')
+        x = as_seq(x[:, None] if single else x, 'x')
         if C is None: C = x.new_zeros(x.shape[0], 0, x.shape[2])
-        C = _as_seq(C, 'C')
+        C = as_seq(C, 'C')
         check_same(C=C, x=x)
         if C.shape[0] != x.shape[0] or C.shape[2] != x.shape[2]:
             raise ValueError(f"C {tuple(C.shape)} and x {tuple(x.shape)} must "
@@ -56,8 +58,9 @@ class ContextualLayer(nn.Module):
         return out[:, 0] if single else out
 
 # %% ../nbs/01_contextual_blocks.ipynb #3ecbc35e
-class _Attention(ContextualLayer):
+class Attention(ContextualLayer):
     "Shared projections and masking of softmax and linear self-attention."
+    budget = 2 ** 22      # score entries per chunk of queries (32 MB, float64)
     def __init__(self, d: int, heads: int = 1, causal: bool = True,
                  bias: bool = False):
         super().__init__()
@@ -68,33 +71,60 @@ class _Attention(ContextualLayer):
         self.q, self.k, self.v, self.o = (nn.Linear(d, d, bias=bias)
                                           for _ in range(4))
 
-    def _mask(self, T: int, device, mask=None) -> torch.Tensor:
-        if mask is not None: return mask.to(device=device, dtype=torch.bool)
-        full = torch.ones(T, T, dtype=torch.bool, device=device)
-        return full.tril() if self.causal else full
+    def mix(self, scores: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
+        "Attention weights from scores (..., S, T) where the mask m is True."
+        raise NotImplementedError
 
     def _heads(self, t: torch.Tensor) -> torch.Tensor:
         B, T, d = t.shape                                  # -> (B, h, T, d_h)
         return t.view(B, T, self.heads, d // self.heads).transpose(1, 2)
 
+    def _visible(self, r: slice, n: int, shift, mask, device):
+        "Mask (..., rows r, n): query s sees key j < s + shift, and `mask`."
+        m = torch.ones(r.stop - r.start, n, dtype=torch.bool, device=device)
+        if shift is not None:
+            s = torch.arange(r.start, r.stop, device=device)[:, None]
+            m = torch.arange(n, device=device)[None] < s + shift
+        if mask is not None:
+            mask = mask.to(device=device, dtype=torch.bool)[..., r, :]
+            m = m & (mask[:, None] if mask.dim() == 3 else mask)
+        return m
+
+    def attend(self, Zq, Zkv, shift=None, mask=None, with_self=False):
+        "Zq (B, S, d) attends to Zkv (B, n, d) [+ itself]; chunked queries."
+        B, S, d = Zq.shape; n = Zkv.shape[1]
+        q = self._heads(self.q(Zq))                        # (B, h, S, d_h)
+        k, v = self._heads(self.k(Zkv)), self._heads(self.v(Zkv))
+        if with_self: ks, vs = self._heads(self.k(Zq)), self._heads(self.v(Zq))
+        rows = max(1, self.budget // (B * self.heads * (n + 1)))
+        out = []
+        for r in (slice(a, min(S, a + rows)) for a in range(0, S, rows)):
+            qr, m = q[:, :, r], self._visible(r, n, shift, mask, Zq.device)
+            sc = qr @ k.transpose(-1, -2)                  # (B, h, r, n)
+            if with_self:                                  # own key, last
+                sc = torch.cat([sc, (qr * ks[:, :, r]).sum(-1, keepdim=True)], -1)
+                m = torch.cat([m.expand(*m.shape[:-1], n),
+                               m.new_ones(*m.shape[:-1], 1)], -1)
+            p = self.mix(sc / math.sqrt(d // self.heads), m)
+            o = p[..., :n] @ v                             # (B, h, r, d_h)
+            out.append(o + p[..., n:] * vs[:, :, r] if with_self else o)
+        out = torch.cat(out, 2).transpose(1, 2)            # (B, S, h, d_h)
+        return self.o(out.reshape(B, S, d))
+
     def seq(self, Z, mask=None):
-        B, T, d = _as_seq(Z, 'Z').shape
-        q, k, v = self._heads(self.q(Z)), self._heads(self.k(Z)), self._heads(self.v(Z))
-        scores = q @ k.transpose(-1, -2) / math.sqrt(d // self.heads)  # (B, h, T, T)
-        m = self._mask(T, Z.device, mask)
-        if m.dim() == 3: m = m[:, None]                    # (B, 1, T, T)
-        out = self._mix(scores, m) @ v                     # (B, h, T, d_h)
-        return self.o(out.transpose(1, 2).reshape(B, T, d))
+        Z = as_seq(Z, 'Z')
+        causal = self.causal and mask is None              # a mask overrides
+        return self.attend(Z, Z, shift=1 if causal else None, mask=mask)
 
 # %% ../nbs/01_contextual_blocks.ipynb #8190a9fb
-class SoftmaxAttention(_Attention):
+class SoftmaxAttention(Attention):
     "Multi-head softmax self-attention, causal or bidirectional."
-    def _mix(self, scores, m):
+    def mix(self, scores, m):
         return scores.masked_fill(~m, float('-inf')).softmax(-1)
 
-class LinearAttention(_Attention):
+class LinearAttention(Attention):
     "Multi-head linear (softmax-free) self-attention."
-    def _mix(self, scores, m): return scores * m
+    def mix(self, scores, m): return scores * m
 
 # %% ../nbs/01_contextual_blocks.ipynb #db8aced3
 class RecurrentLayer(ContextualLayer):
@@ -111,10 +141,11 @@ class RecurrentLayer(ContextualLayer):
         if mask is not None:
             raise ValueError("recurrent layers are causal by construction and "
                              "take no attention mask")
-        return self.rnn(_as_seq(Z, 'Z'))[0]               # (B, T, d_out)
+        return self.rnn(as_seq(Z, 'Z'))[0]               # (B, T, d_out)
 
 # %% ../nbs/01_contextual_blocks.ipynb #1dffe004
-LAYER_KINDS = ('softmax', 'linear', 'elman', 'gru', 'lstm')
+ATTENTION_KINDS = ('softmax', 'linear')               # layers with heads
+LAYER_KINDS = ATTENTION_KINDS + ('elman', 'gru', 'lstm')
 
 def make_layer(kind: str, d: int, heads: int = 1,
                causal: bool = True) -> ContextualLayer:
@@ -142,32 +173,81 @@ class RankOne(NamedTuple):
         "(u vᵀ) z for z (..., d) -> (..., H), without forming u vᵀ."
         return self.u * (self.v * z).sum(-1, keepdim=True)
 
+    def flat(self) -> 'RankOne':
+        "One u (H,), v (d,) from the factors of a single index (1, .., 1, .)."
+        if self.u[..., 0].numel() != 1:
+            raise ValueError(f"flat() needs one update, got factors "
+                             f"{tuple(self.u.shape)}; pick one index first")
+        return RankOne(self.u.reshape(-1), self.v.reshape(-1))
+
+    def inner(self, other: 'RankOne') -> torch.Tensor:
+        "<u vᵀ, u' v'ᵀ>_F = (u·u')(v·v') per index, in float64."
+        u, v, u2, v2 = (t.double() for t in (*self, *other))
+        return (u * u2).sum(-1) * (v * v2).sum(-1)
+
+    def norm(self) -> torch.Tensor:
+        "||u vᵀ||_F = ||u|| ||v|| per index, in float64."
+        return self.u.double().norm(dim=-1) * self.v.double().norm(dim=-1)
+
+    def diff_norm(self, other: 'RankOne') -> torch.Tensor:
+        "||u vᵀ - u' v'ᵀ||_F per index, from the factors' differences (float64)."
+        u, v, u2, v2 = (t.double() for t in (*self, *other))
+        du, dv = u - u2, v - v2            # D = du vᵀ + u' dvᵀ: no cancellation
+        sq = ((du * du).sum(-1) * (v * v).sum(-1)
+              + (u2 * u2).sum(-1) * (dv * dv).sum(-1)
+              + 2 * (du * u2).sum(-1) * (v * dv).sum(-1))
+        return sq.clamp_min(0).sqrt()
+
+    def cosine(self, other: 'RankOne') -> torch.Tensor:
+        "<P, Q>_F / (||P|| ||Q||) per index; 0 where either is zero."
+        den = self.norm() * other.norm()
+        return self.inner(other) / den.clamp_min(torch.finfo(den.dtype).tiny)
+
 # %% ../nbs/01_contextual_blocks.ipynb #43b380df
-def apply_update(dW, z: torch.Tensor) -> torch.Tensor:
+def _fits(lead: tuple, z: torch.Tensor) -> bool:
+    "Whether factors with leading dims `lead` broadcast to z's, not beyond."
+    try: return torch.broadcast_shapes(lead, z.shape[:-1]) == z.shape[:-1]
+    except RuntimeError: return False
+
+def apply_update(dW, z: torch.Tensor, H: Optional[int] = None) -> torch.Tensor:
     "ΔW z for ΔW None (zero), `RankOne`, (H, d) or (..., H, d); z (..., d)."
     if dW is None: return 0.
     if isinstance(dW, RankOne):
-        if dW.v.shape[-1] != z.shape[-1]:
-            raise ValueError(f"rank-1 update has v of width {dW.v.shape[-1]} "
-                             f"but the layer input has width {z.shape[-1]}")
-        return dW @ z
-    if not isinstance(dW, torch.Tensor) or dW.dim() < 2 or dW.shape[-1] != z.shape[-1]:
+        shape, lead = (dW.u.shape[-1], dW.v.shape[-1]), dW.v.shape[:-1]
+    elif isinstance(dW, torch.Tensor) and dW.dim() >= 2:
+        shape, lead = tuple(dW.shape[-2:]), dW.shape[:-2]
+    else:
         raise ValueError("a weight update must be None, a RankOne or a tensor "
                          f"(..., H, {z.shape[-1]}); got "
                          f"{getattr(dW, 'shape', type(dW).__name__)}")
+    if shape[1] != z.shape[-1]:
+        raise ValueError(f"the update is (..., H, d) = (..., {shape[0]}, "
+                         f"{shape[1]}) but the layer input has width "
+                         f"{z.shape[-1]}: compute it for this layer")
+    if H is not None and shape[0] != H:
+        raise ValueError(f"the update has hidden width {shape[0]}, the weight "
+                         f"it adds to has {H} rows: compute it for this layer")
+    if not _fits(tuple(lead), z):
+        raise ValueError(f"the update is batched as {tuple(lead)} but the "
+                         f"input as {tuple(z.shape[:-1])}: one update per "
+                         "input (or one for all); compute it for this batch")
+    if isinstance(dW, RankOne): return dW @ z
     if dW.dim() == 2: return z @ dW.T
     return (dW @ z[..., None])[..., 0]
 
-# %% ../nbs/01_contextual_blocks.ipynb #23b50df2
-_ACTS = {'gelu': F.gelu, 'relu': F.relu, 'tanh': torch.tanh}
+# %% ../nbs/01_contextual_blocks.ipynb #8ddeb662
+ACTS = {'gelu': F.gelu, 'relu': F.relu, 'tanh': torch.tanh}  # f_θ's
 
+# %% ../nbs/01_contextual_blocks.ipynb #23b50df2
 class MLP(nn.Module):
     "M_W(z) = f_θ(W z + b): a first dense layer (W, b), then the rest."
     def __init__(self, d_in: int, d_hidden: int, d_out: Optional[int] = None,
                  depth: int = 2, act: str = 'gelu'):
         super().__init__()
-        if depth < 2: raise ValueError(f"an MLP here has depth >= 2, got {depth}")
-        if act not in _ACTS: raise ValueError(f"act must be one of {sorted(_ACTS)}")
+        for name, v in dict(d_in=d_in, d_hidden=d_hidden, depth=depth).items():
+            check_int(name, v, 2 if name == 'depth' else 1)
+        if d_out is not None: check_int('d_out', d_out)
+        if act not in ACTS: raise ValueError(f"act must be one of {sorted(ACTS)}")
         dims = [d_in] + [d_hidden] * (depth - 1) + [d_out or d_in]
         self.layers = nn.ModuleList(nn.Linear(a, b) for a, b in zip(dims, dims[1:]))
         self.act = act
@@ -178,12 +258,13 @@ class MLP(nn.Module):
     def b(self) -> torch.Tensor: return self.layers[0].bias     # (H,)
 
     def _pre(self, z, dW=None, db=None) -> torch.Tensor:
-        pre = F.linear(z, self.W, self.b) + apply_update(dW, z)   # (..., H)
+        H = self.W.shape[0]
+        pre = F.linear(z, self.W, self.b) + apply_update(dW, z, H)  # (..., H)
         return pre if db is None else pre + db
 
     def _hidden(self, pre: torch.Tensor) -> torch.Tensor:
-        h = _ACTS[self.act](pre)
-        for lin in self.layers[1:-1]: h = _ACTS[self.act](lin(h))
+        h = ACTS[self.act](pre)
+        for lin in self.layers[1:-1]: h = ACTS[self.act](lin(h))
         return h
 
     def hidden(self, z, dW=None, db=None) -> torch.Tensor:
@@ -193,7 +274,8 @@ class MLP(nn.Module):
     def rest(self, pre: torch.Tensor, dW_out=None, db_out=None) -> torch.Tensor:
         "f_θ: everything after the first dense layer (optionally updated)."
         h = self._hidden(pre)
-        out = self.layers[-1](h) + apply_update(dW_out, h)
+        last = self.layers[-1]
+        out = last(h) + apply_update(dW_out, h, last.weight.shape[0])
         return out if db_out is None else out + db_out
 
     def forward(self, z, dW=None, dW_out=None, db_out=None,
@@ -228,7 +310,7 @@ def make_block(kind: str = 'softmax', d: int = 8, d_hidden: int = 32,
                dtype='float64', seed: int = 0) -> ContextualBlock:
     "A randomly initialised contextual block of the given layer kind."
     seed_everything(seed)
-    heads = heads if kind in ('softmax', 'linear') else 1
+    heads = heads if kind in ATTENTION_KINDS else 1
     blk = ContextualBlock(make_layer(kind, d, heads, causal),
                           MLP(d, d_hidden, d, depth=depth))
     return blk.to(resolve_dtype(dtype))
@@ -246,8 +328,12 @@ class PreLNBlock(nn.Module):
     def forward(self, Z, dW=None, dW_out=None, db_out=None, mask=None,
                 db=None):
         "One block, optionally with updated MLP weights; Z (B, T, d)."
-        h = Z + self.layer.seq(self.ln1(Z), mask)
+        h = self.residual(Z, mask)
         return h + self.mlp(self.ln2(h), dW, dW_out, db_out, db)
+
+    def residual(self, Z, mask=None) -> torch.Tensor:
+        "h = z + A(LN1 z): the residual stream after attention; Z (B, T, d)."
+        return Z + self.layer.seq(self.ln1(Z), mask)
 
 # %% ../nbs/01_contextual_blocks.ipynb #a8260d73
 @dataclass
@@ -285,7 +371,7 @@ class PreLNStack(nn.Module):
 
     def forward(self, X, updates=None, mask=None, return_hidden=False):
         "Run the stack; `updates[l]` is a dict of MLP updates for block l."
-        H = self.embed(_as_seq(X, 'X')); hidden = [H]
+        H = self.embed(as_seq(X, 'X')); hidden = [H]
         if updates is not None and len(updates) != len(self.blocks):
             raise ValueError(f"need one update dict per block ({len(self.blocks)}), "
                              f"got {len(updates)}")

@@ -9,11 +9,22 @@ import numpy as np
 import torch
 
 # %% auto #0
-__all__ = ['DTYPES', 'seed_everything', 'resolve_dtype', 'rel_err', 'check_same', 'set_style', 'glue_figure']
+__all__ = ['DTYPES', 'TOLERANCE', 'check_int', 'seed_everything', 'resolve_dtype', 'rel_err', 'check_same', 'check_finite',
+           'set_style', 'glue_figure']
 
 # %% ../nbs/00_core.ipynb #8f510863
+def check_int(name: str, value, low: int = 1, high=None) -> int:
+    "Return `value` if it is an integer in [low, high]; else a clear ValueError."
+    ok = (isinstance(value, (int, np.integer)) and not isinstance(value, bool)
+          and value >= low and (high is None or value <= high))
+    if not ok:
+        rng = f">= {low}" if high is None else f"in {low}..{high}"
+        raise ValueError(f"{name} must be an integer {rng}, got {value!r}")
+    return int(value)
+
 def seed_everything(seed: int = 0) -> torch.Generator:
     "Seed `random`, NumPy and PyTorch; return a `torch.Generator` seeded alike."
+    seed = check_int('seed', seed, 0, 2**63 - 1)   # what torch accepts
     random.seed(seed)
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed)
@@ -21,13 +32,15 @@ def seed_everything(seed: int = 0) -> torch.Generator:
 
 # %% ../nbs/00_core.ipynb #d3a40305
 DTYPES = {'float32': torch.float32, 'float64': torch.float64}
+TOLERANCE = {'float32': 1e-6, 'float64': 1e-12}   # what every check asserts
 
 def resolve_dtype(dtype) -> torch.dtype:
-    "Turn `'float32'`/`'float64'` (or a floating `torch.dtype`) into a dtype."
-    if isinstance(dtype, torch.dtype) and dtype.is_floating_point: return dtype
+    "Turn `'float32'`/`'float64'` (or that `torch.dtype`) into a dtype."
     if isinstance(dtype, str) and dtype in DTYPES: return DTYPES[dtype]
-    raise ValueError(f"dtype must be one of {sorted(DTYPES)} or a floating "
-                     f"torch.dtype, got {dtype!r}")
+    if dtype in DTYPES.values(): return dtype
+    raise ValueError(f"dtype must be 'float32' or 'float64' (or torch.float32/"
+                     f"torch.float64), got {dtype!r}: the book's identities "
+                     "are checked in these two precisions only")
 
 # %% ../nbs/00_core.ipynb #e7e9d522
 def rel_err(actual: torch.Tensor, expected: torch.Tensor) -> float:
@@ -35,6 +48,12 @@ def rel_err(actual: torch.Tensor, expected: torch.Tensor) -> float:
     if actual.shape != expected.shape:
         raise ValueError(f"shapes differ: actual {tuple(actual.shape)} vs "
                          f"expected {tuple(expected.shape)}")
+    if actual.is_complex() or expected.is_complex():
+        raise TypeError("rel_err compares real tensors; got complex ones "
+                        "(compare .real and .imag, or .abs(), separately)")
+    if actual.numel() == 0:
+        raise ValueError(f"nothing to compare: the tensors are empty, shape "
+                         f"{tuple(actual.shape)} (batch or length 0)")
     num = (actual - expected).double().norm(dim=-1)
     den = expected.double().norm(dim=-1).clamp_min(torch.finfo(torch.float64).tiny)
     return (num / den).max().item()
@@ -46,12 +65,23 @@ def check_same(**tensors: torch.Tensor) -> None:
     for k, v in items:
         if not isinstance(v, torch.Tensor):
             raise TypeError(f"{k} must be a torch.Tensor, got {type(v).__name__}")
+        if v.is_meta:
+            raise ValueError(f"{k} is on the meta device and holds no numbers; "
+                             "materialise it first (e.g. model.to_empty(...)"
+                             " and load the weights)")
     for attr in ('dtype', 'device'):
         seen = {k: getattr(v, attr) for k, v in items}
         if len(set(seen.values())) > 1:
             desc = ', '.join(f"{k}: {s}" for k, s in seen.items())
             raise ValueError(f"all tensors must share one {attr}; got {desc}. "
                              f"Convert them with .to(...) first.")
+
+def check_finite(**tensors: torch.Tensor) -> None:
+    "Raise `ValueError` naming the first tensor that holds a NaN or an inf."
+    for k, v in tensors.items():
+        if v is not None and not bool(torch.isfinite(v).all()):
+            raise ValueError(f"{k} is not finite (it holds NaN or inf): check "
+                             "the inputs and the weights they came from")
 
 # %% ../nbs/00_core.ipynb #fb16f0f9
 def set_style() -> None:

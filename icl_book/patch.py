@@ -4,10 +4,10 @@
 
 # %% ../nbs/02_token_patch.ipynb #52c5440c
 from __future__ import annotations
-from contextlib import contextmanager
+import math
 import torch
-from .core import check_same
-from .blocks import ContextualBlock, RankOne
+from .core import check_finite, check_same, rel_err, seed_everything
+from .blocks import ATTENTION_KINDS, ContextualBlock, RankOne, make_block
 
 # %% auto #0
 __all__ = ['token_patch_factors', 'token_patch', 'chunk_mask', 'remove_chunk', 'chunk_patch', 'patched_weights', 'chunk_kinds',
@@ -25,6 +25,11 @@ def _check_patch_inputs(W, a_full, a_ref, min_norm=None):
     if a_ref.dim() == 0 or a_ref.shape[-1] != W.shape[1]:
         raise ValueError(f"W is (H, d) = {tuple(W.shape)}, so a_full and a_ref "
                          f"must be (..., {W.shape[1]}); got {tuple(a_ref.shape)}")
+    check_finite(W=W, a_full=a_full, a_ref=a_ref)
+    if min_norm is not None and not (isinstance(min_norm, (int, float))
+                                     and math.isfinite(min_norm) and min_norm >= 0):
+        raise ValueError(f"min_norm must be a finite number >= 0 (or None for "
+                         f"the dtype's own threshold), got {min_norm!r}")
     fi = torch.finfo(a_ref.dtype); n = a_ref.norm(dim=-1)
     tol = (torch.full_like(n, min_norm) if min_norm is not None else
            torch.clamp(fi.eps * a_full.norm(dim=-1), min=fi.tiny ** 0.5))
@@ -54,6 +59,11 @@ def token_patch(W: torch.Tensor, a_full: torch.Tensor, a_ref: torch.Tensor,
 # %% ../nbs/02_token_patch.ipynb #410ec508
 def chunk_mask(Y, n: int, device=None) -> torch.Tensor:
     "Boolean mask (n,) of the chunk Y (indices into C, or a boolean mask)."
+    if Y is None:
+        raise ValueError("the chunk Y is None: give positions of C (a list, "
+                         "range, set or integer tensor) or a boolean mask")
+    if isinstance(Y, (set, frozenset)): Y = sorted(Y)
+    elif not isinstance(Y, (torch.Tensor, list, tuple)): Y = list(Y)
     Y = torch.as_tensor(Y, device=device)
     if Y.numel() == 0: return torch.zeros(n, dtype=torch.bool, device=device)
     if Y.dtype == torch.bool:
@@ -62,9 +72,9 @@ def chunk_mask(Y, n: int, device=None) -> torch.Tensor:
                              f"the context, got {tuple(Y.shape)}")
         return Y
     if Y.dtype.is_floating_point or Y.dim() > 1:
-        raise ValueError("a chunk is a 1-D list of integer positions in C or a "
+        raise ValueError("a chunk is a 1-D set of integer positions in C or a "
                          f"boolean mask; got dtype {Y.dtype}, shape {tuple(Y.shape)}")
-    Y = Y.reshape(-1)
+    Y = Y.reshape(-1).to(torch.int64)              # uint8 would index as a mask
     out = [i for i in Y.tolist() if not 0 <= i < n]
     if out:
         raise ValueError(f"chunk positions {out} are not part of the context "
@@ -92,22 +102,34 @@ def chunk_patch(block: ContextualBlock, C: torch.Tensor, x: torch.Tensor,
     return token_patch_factors(block.W.detach(), a_full, a_ref, min_norm)
 
 # %% ../nbs/02_token_patch.ipynb #4245c395
-@contextmanager
-def patched_weights(weight: torch.nn.Parameter, dW):
+class patched_weights:
     "Add ΔW (one matrix, or a RankOne with one u, v) to `weight` in place; restore on exit."
-    dense = dW.dense() if isinstance(dW, RankOne) else dW
-    if not isinstance(dense, torch.Tensor) or dense.shape != weight.shape:
-        raise ValueError(
-            f"in-place patching takes one update of the weight's shape "
-            f"{tuple(weight.shape)}, got {tuple(getattr(dense, 'shape', ()))}; "
-            "for a batch of per-query patches use block(C, x, dW=patch)")
-    check_same(weight=weight.data, dW=dense)
-    saved = weight.detach().clone()
-    try:
-        with torch.no_grad(): weight.add_(dense)
-        yield weight
-    finally:
-        with torch.no_grad(): weight.copy_(saved)
+    def __init__(self, weight: torch.nn.Parameter, dW):
+        dense = dW.dense() if isinstance(dW, RankOne) else dW
+        if not isinstance(dense, torch.Tensor) or dense.shape != weight.shape:
+            raise ValueError(
+                f"in-place patching takes one update of the weight's shape "
+                f"{tuple(weight.shape)}, got {tuple(getattr(dense, 'shape', ()))}"
+                "; for a batch of per-query patches use block(C, x, dW=patch)")
+        check_same(weight=weight.data, dW=dense)
+        if dense.requires_grad:
+            raise ValueError(
+                "ΔW requires grad, but an in-place patch is not differentiable "
+                "in ΔW (the weight is edited under no_grad); for gradients use "
+                "the functional route block(C, x, dW=dW)")
+        self.weight, self.dense, self.saved = weight, dense, None
+
+    def __enter__(self):
+        if self.saved is not None:
+            raise RuntimeError("this patched_weights block can be entered only "
+                               "once at a time; make a new one for each use")
+        self.saved = self.weight.detach().clone()
+        with torch.no_grad(): self.weight.add_(self.dense)
+        return self.weight
+
+    def __exit__(self, *exc):
+        with torch.no_grad(): self.weight.copy_(self.saved)
+        self.saved = None
 
 # %% ../nbs/02_token_patch.ipynb #9d4c0538
 def chunk_kinds(n: int, g: torch.Generator) -> dict:
@@ -120,8 +142,6 @@ def chunk_kinds(n: int, g: torch.Generator) -> dict:
 def check_token_patch(kind: str, causal: bool = True, dtype='float64',
                       n: int = 24, batch: int = 16, seed: int = 0) -> dict:
     "Relative error of T_{W+ΔW(Y)}(C\\Y, x) vs T_W(C, x) for each chunk kind."
-    from icl_book.blocks import make_block
-    from icl_book.core import rel_err, seed_everything
     blk = make_block(kind, d=8, d_hidden=32, causal=causal, dtype=dtype, seed=seed)
     g = seed_everything(seed + 1); dt = blk.W.dtype
     C = torch.randn(batch, n, 8, generator=g).to(dt)

@@ -1,0 +1,269 @@
+"""Bad input gets a clear error (what was wrong, what to do) or a correct result.
+
+One parametrised table of cases (issue 16, section 1): each raises the named
+exception with a message that contains the given words. Below it, the cases
+whose right answer is a correct result rather than an error.
+"""
+import math
+
+import pytest
+import torch
+
+from icl_book import blocks, bridges, convergence, core, deep, dynamics
+from icl_book import equivalence, patch, thought
+from icl_book.__main__ import main as cli_main
+
+f64 = torch.float64
+
+
+def g(seed=0):
+    return torch.Generator().manual_seed(seed)
+
+
+def rand(*shape, seed=0, dtype=f64):
+    return torch.randn(*shape, generator=g(seed), dtype=dtype)
+
+
+def block(kind='softmax'):
+    return blocks.make_block(kind, d=8, d_hidden=16)
+
+
+def nan_at(t, idx=0):
+    t = t.clone(); t.view(-1)[idx] = float('nan'); return t
+
+
+def block_with(fn):
+    "A float64 block whose parameters were changed by fn(block)."
+    b = block()
+    with torch.no_grad(): fn(b)
+    return b
+
+
+def stack(depth=2, dtype='float64', **kw):
+    return blocks.PreLNStack(blocks.StackConfig(depth=depth, d_model=8, heads=2,
+                                                d_mlp=16, dtype=dtype, **kw))
+
+
+def lm(**kw):
+    return deep.TinyLM(deep.LMConfig(depth=2, d_model=8, heads=2, d_mlp=16,
+                                     vocab=11, n_pos=16, dtype='float64', **kw))
+
+
+def tokens(B, T, seed=0):
+    return torch.randint(0, 11, (B, T), generator=g(seed))
+
+
+def shared_mlp_stack():
+    s = stack()
+    s.blocks[1].mlp = s.blocks[0].mlp                 # one MLP, two blocks
+    return s
+
+
+def patch_of(model, C, x):
+    with torch.no_grad(): return deep.context_patches(model, C, x)
+
+
+def reenter_patched_weights():
+    lin = torch.nn.Linear(3, 2).double()
+    cm = patch.patched_weights(lin.weight, torch.zeros(2, 3, dtype=f64))
+    with cm:
+        with cm: pass
+
+
+def states_of_other_context():
+    s = stack(d_in=3)
+    C1, C2, X = rand(5, 3, seed=1), rand(5, 3, seed=2), rand(4, 3, seed=3)
+    st = thought.with_context_states(s, C1, X)
+    thought.fit_stack_thought_patch(s, C2, X, 'bias', states=st)
+
+
+C, X = rand(2, 6, 8, seed=1), rand(2, 8, seed=2)
+BAD = {
+    # --- non-finite input where it enters ---------------------------------
+    'nan in C': (lambda: patch.chunk_patch(block(), nan_at(C), X),
+                 ValueError, 'not finite'),
+    'inf in x': (lambda: patch.chunk_patch(block(), C, X.clone().fill_(math.inf)),
+                 ValueError, 'not finite'),
+    'nan in layer weights': (
+        lambda: patch.chunk_patch(block_with(
+            lambda b: b.layer.q.weight.fill_(math.nan)), C, X),
+        ValueError, 'not finite'),
+    'nan in MLP weight W': (
+        lambda: patch.chunk_patch(block_with(
+            lambda b: b.mlp.W.fill_(math.nan)), C, X),
+        ValueError, 'W'),
+    'nan in token_patch W': (
+        lambda: patch.token_patch(nan_at(rand(4, 3)), rand(3), rand(3, seed=1)),
+        ValueError, 'not finite'),
+    'rel_err complex': (lambda: core.rel_err(torch.ones(2, dtype=torch.cfloat),
+                                             torch.ones(2, dtype=torch.cfloat)),
+                        TypeError, 'complex'),
+    'nan in stack_trajectory context': (
+        lambda: dynamics.stack_trajectory(stack(), nan_at(C), X),
+        ValueError, 'not finite'),
+    # --- silent wrong results -----------------------------------------------
+    'min_norm negative': (lambda: patch.token_patch(rand(4, 3), rand(3), rand(3, seed=1),
+                                                    min_norm=-1),
+                          ValueError, 'min_norm'),
+    'rank-1 batch 3 on query batch 1': (
+        lambda: block()(C[:1], X[:1], dW=blocks.RankOne(rand(3, 16), rand(3, 8))),
+        ValueError, 'batch'),
+    'dense patch batch 3 on query batch 1': (
+        lambda: block()(C[:1], X[:1], dW=rand(3, 16, 8)), ValueError, 'batch'),
+    'inplace with a shared MLP': (
+        lambda: patch_of(shared_mlp_stack(), C, X[:, None][:1, :, :]).inplace(
+            shared_mlp_stack()).__enter__(),
+        ValueError, 'share'),
+    'apply to another query': (
+        lambda: patch_of(stack(), C, X[:, None]).apply(stack(), X[:, None] + 1),
+        ValueError, 'query'),
+    'fit_linear_patch integers': (
+        lambda: thought.fit_linear_patch(torch.ones(4, 2, dtype=torch.long),
+                                         torch.ones(4, 3, dtype=torch.long)),
+        TypeError, 'floating'),
+    'fit_linear_patch lam nan': (
+        lambda: thought.fit_linear_patch(rand(4, 2), rand(4, 3), lam=math.nan),
+        ValueError, 'lam'),
+    'gd_linear_attention n=0': (
+        lambda: dynamics.gd_linear_attention(rand(3), 0.1, 0), ValueError, 'n'),
+    'rome_edit k=0': (lambda: bridges.rome_edit(rand(4, 3), torch.zeros(3, dtype=f64),
+                                                rand(4)), ValueError, 'zero'),
+    'rome_edit covariance shape': (
+        lambda: bridges.rome_edit(rand(4, 3), rand(3), rand(4), cov=torch.eye(4, dtype=f64)),
+        ValueError, 'cov'),
+    'memit covariance shape': (
+        lambda: bridges.memit_edit(rand(3, 2), rand(4, 2), torch.eye(3, 4, dtype=f64)),
+        ValueError, 'C0'),
+    'thought K=0 block data': (
+        lambda: thought.block_thought_data(block(), C[0], X[:0]), ValueError, 'K'),
+    'thought K=0 bias': (
+        lambda: thought.fit_stack_thought_patch(stack(d_in=3), rand(5, 3), rand(0, 3),
+                                                'bias'), ValueError, 'K'),
+    'thought states of another context': (states_of_other_context, ValueError,
+                                          'context'),
+    'thought Ks empty': (lambda: thought.ThoughtConfig(Ks=()), ValueError, 'Ks'),
+    'monitor j=-1': (lambda: bridges.monitor_increments(j=-1), ValueError, 'j'),
+    'monitor j=n': (lambda: bridges.monitor_increments(n=10, j=10), ValueError, 'j'),
+    'reproduce_equivalence ns=()': (
+        lambda: equivalence.reproduce_equivalence(ns=()), ValueError, 'ns'),
+    'reproduce_equivalence unknown name': (
+        lambda: equivalence.reproduce_equivalence('foo'), ValueError, 'attn10'),
+    'ConvergenceConfig n_ctx=1': (lambda: convergence.ConvergenceConfig(n_ctx=1),
+                                  ValueError, 'n_ctx'),
+    'ConvergenceConfig names=()': (lambda: convergence.ConvergenceConfig(names=()),
+                                   ValueError, 'names'),
+    'late_over_early empty': (lambda: convergence.late_over_early(torch.zeros(3, 0)),
+                              ValueError, 'empty'),
+    'tail_slope too short': (lambda: convergence.tail_slope(torch.ones(3, 2)),
+                             ValueError, 'positions'),
+    'bench_trajectory repeats=0': (
+        lambda: dynamics.bench_trajectory(n=4, layers=1, d_model=8, repeats=0),
+        ValueError, 'repeats'),
+    'verify layers=True': (lambda: deep.verify(layers=True), ValueError, 'layers'),
+    'greedy k=-1': (lambda: deep.greedy(lm(), tokens(1, 3), -1), ValueError, 'k'),
+    # --- unclear errors made clear -------------------------------------------
+    'meta device': (lambda: patch.token_patch(rand(4, 3).to('meta'), rand(3).to('meta'),
+                                              rand(3).to('meta')),
+                    ValueError, 'meta'),
+    'rel_err batch 0': (lambda: core.rel_err(torch.ones(0, 3), torch.ones(0, 3)),
+                        ValueError, 'empty'),
+    'rel_err query length 0': (lambda: core.rel_err(torch.ones(2, 0, 3), torch.ones(2, 0, 3)),
+                               ValueError, 'empty'),
+    'patch of the wrong hidden width': (
+        lambda: block()(C, X, dW=blocks.RankOne(rand(2, 15), rand(2, 8))),
+        ValueError, 'hidden width'),
+    'dense patch of the wrong hidden width': (
+        lambda: block()(C, X, dW=rand(15, 8)), ValueError, 'hidden width'),
+    'remove_chunk None': (lambda: patch.remove_chunk(C, None), ValueError, 'None'),
+    'chunk of floats in a set': (lambda: patch.chunk_mask({0.5}, 4), ValueError, 'integer'),
+    'token ids >= vocab': (lambda: lm()(torch.full((1, 3), 11)), ValueError, 'vocab'),
+    'token ids negative': (lambda: lm()(torch.full((1, 3), -1)), ValueError, 'vocab'),
+    'block_trajectory dtype mismatch': (
+        lambda: dynamics.block_trajectory(block(), C.float(), X.float()),
+        ValueError, 'float64'),
+    'stack_trajectory dtype mismatch': (
+        lambda: dynamics.stack_trajectory(stack(), C.float(), X.float()),
+        ValueError, 'float64'),
+    'verify float16': (lambda: deep.verify(dtype=torch.float16), ValueError, 'float16'),
+    'resolve_dtype float16': (lambda: core.resolve_dtype(torch.float16), ValueError,
+                              'float16'),
+    'verify seed 1.5': (lambda: deep.verify(seed=1.5), ValueError, 'seed'),
+    'verify d_model 8.0': (lambda: deep.verify(d_model=8.0), ValueError, 'd_model'),
+    'verify d_model 0': (lambda: deep.verify(d_model=0), ValueError, 'd_model'),
+    'seed_everything 1.5': (lambda: core.seed_everything(1.5), ValueError, 'seed'),
+    'seed_everything 2**70': (lambda: core.seed_everything(2**70), ValueError, 'seed'),
+    'make_block d_hidden=-1': (lambda: blocks.make_block(d_hidden=-1), ValueError,
+                               'd_hidden'),
+    'patched_weights entered twice': (reenter_patched_weights, RuntimeError, 'once'),
+    'patched_weights dW requires grad': (
+        lambda: patch.patched_weights(torch.nn.Parameter(torch.zeros(2, 3)),
+                                      torch.zeros(2, 3, requires_grad=True)).__enter__(),
+        ValueError, 'grad'),
+}
+
+
+@pytest.mark.parametrize('case', list(BAD))
+def test_bad_input_is_a_clear_error(case):
+    fn, exc, words = BAD[case]
+    with pytest.raises(exc, match=words):
+        fn()
+
+
+@pytest.mark.parametrize('args,words', [
+    (['verify', '--d-model', '0'], 'd_model'),
+    (['verify', '--d-mlp', '-1'], 'd_mlp'),
+    (['verify', '--seed', str(2**70)], 'seed'),
+])
+def test_cli_bad_numbers_are_a_message(args, words, capsys):
+    with pytest.raises(SystemExit) as e:
+        cli_main(args)
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and words in err and 'Traceback' not in err
+
+
+# --- correct results instead of silent wrong ones ------------------------------
+
+@pytest.mark.parametrize('Y', [
+    torch.tensor([3, 0], dtype=torch.uint8), torch.tensor([0, 3], dtype=torch.int8),
+    torch.tensor([0, 3], dtype=torch.int16), {3, 0}, (i for i in (0, 3)), range(0, 4, 3)])
+def test_chunk_of_any_integer_kind_means_its_positions(Y):
+    want = torch.tensor([True, False, False, True, False])
+    assert torch.equal(patch.chunk_mask(Y, 5), want)
+
+
+def test_tinylm_under_inplace_uses_the_query_positions():
+    model, Ct, xt = lm(), tokens(1, 6), tokens(1, 1, seed=1)
+    p = patch_of(model, Ct, xt)
+    with torch.no_grad():
+        ref = model(torch.cat([Ct, xt], 1))[:, -1:]
+        with p.inplace(model):
+            out = model(xt)                                  # no start=n
+            out_n = model(xt, start=6)
+        with pytest.raises(ValueError, match='start'):
+            with p.inplace(model): model(xt, start=2)
+        after = model(xt)
+    assert core.rel_err(out, ref) < 1e-12 and core.rel_err(out_n, ref) < 1e-12
+    assert core.rel_err(after, ref) > 1e-3                   # restored
+
+
+def test_trajectories_keep_no_autograd_graph_unless_asked():
+    blk = block(); Cg, xg = C.clone().requires_grad_(), X.clone().requires_grad_()
+    r = dynamics.block_trajectory(blk, Cg, xg)
+    assert not r.u.requires_grad and not r.v.requires_grad
+    s = dynamics.stack_trajectory(stack(), Cg, xg)
+    assert not s[0].dW.u.requires_grad
+    r = dynamics.block_trajectory(blk, Cg, xg, grad=True)
+    r.u.sum().backward()
+    assert Cg.grad is not None and Cg.grad.abs().sum() > 0
+
+
+def test_functional_patch_is_differentiable_in_dW():
+    "What is differentiable: block(C, x, dW=...) in dW; patched_weights refuses."
+    blk = block(); dW = torch.zeros(16, 8, dtype=f64, requires_grad=True)
+    blk(C, X, dW=dW).sum().backward()
+    assert dW.grad is not None and dW.grad.abs().sum() > 0
+
+
+def test_verify_reports_what_it_ran():
+    r = deep.verify(layers=1, context=2, dtype='float64', d_model=8, heads=2, d_mlp=8)
+    assert type(r['layers']) is int and r['ok']
