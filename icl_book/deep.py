@@ -6,16 +6,17 @@
 from __future__ import annotations
 import math, time
 from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import NamedTuple, Optional
 import torch
 from torch import nn
-from .core import check_same, rel_err, resolve_dtype, seed_everything
+from .core import (TOLERANCE, check_int, check_same, rel_err,
+                           resolve_dtype, seed_everything)
 from .blocks import MLP, PreLNBlock, PreLNStack, RankOne, StackConfig
 from .patch import patched_weights, token_patch_factors
 
 # %% auto #0
-__all__ = ['MODES', 'TOLERANCE', 'VERIFY_DEFAULTS', 'BlockPatch', 'attention_residual', 'block_patch_factors', 'LMConfig',
+__all__ = ['PATCH_MODES', 'MODES', 'VERIFY_DEFAULTS', 'BlockPatch', 'attention_residual', 'block_patch_factors', 'LMConfig',
            'TinyLM', 'DeepPatch', 'context_patches', 'patch_errors', 'greedy', 'greedy_patched', 'verify',
            'error_sweep', 'plot_equivalence']
 
@@ -45,7 +46,7 @@ def _check_block(block, where: str = 'the block') -> None:
            if not isinstance(getattr(block, p, None), nn.Module)]
     if not bad and not isinstance(block.mlp, MLP):
         bad = ['mlp (not an icl_book MLP)']
-    if not bad and not hasattr(block.layer, 'seq'): bad = ['layer (no .seq)']
+    if not bad and not hasattr(block, 'residual'): bad = ['residual()']
     if bad:
         raise TypeError(
             f"{where} ({type(block).__name__}) lacks the Pre-LN structure the "
@@ -54,10 +55,9 @@ def _check_block(block, where: str = 'the block') -> None:
             "icl_book.blocks.PreLNBlock.")
 
 def attention_residual(block: PreLNBlock, Z: torch.Tensor) -> torch.Tensor:
-    "h = z + A(LN1 z) over the sequence Z (..., T, d), batched."
+    "h = z + A(LN1 z) over the sequence Z (..., T, d), any leading dims."
     T, d = Z.shape[-2:]
-    A = block.layer.seq(block.ln1(Z.reshape(-1, T, d)))       # (B', T, d)
-    return Z + A.reshape(Z.shape)
+    return block.residual(Z.reshape(-1, T, d)).reshape(Z.shape)  # (B', T, d)
 
 def _mlp_last_input(mlp: MLP, a: torch.Tensor) -> torch.Tensor:
     "g (..., H): what the MLP's last linear layer reads when the MLP reads a."
@@ -69,15 +69,16 @@ def _mlp_last_input(mlp: MLP, a: torch.Tensor) -> torch.Tensor:
     return seen[0]
 
 # %% ../nbs/03_deep.ipynb #d623cdfa
-MODES = ('bias', 'rank1')
+PATCH_MODES = ('bias', 'rank1')   # residual carried by Δb_out, or by ΔW_out
+MODES = PATCH_MODES               # the former name (icl_book.hf uses it)
 
 def block_patch_factors(block: PreLNBlock, h_ctx: torch.Tensor,
                         z_free: torch.Tensor, mode: str = 'bias',
                         min_norm=None) -> BlockPatch:
     "Patch making `block`(z_free) equal its with-context output; (..., q, d)."
     _check_block(block)
-    if mode not in MODES:
-        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+    if mode not in PATCH_MODES:
+        raise ValueError(f"mode must be one of {PATCH_MODES}, got {mode!r}")
     check_same(h_ctx=h_ctx, z_free=z_free, W=block.mlp.W)
     d = block.mlp.W.shape[1]
     if (h_ctx.shape != z_free.shape or z_free.dim() < 2
@@ -104,6 +105,18 @@ class LMConfig(StackConfig):
     vocab: int = 32              # token ids 0..vocab-1
     n_pos: Optional[int] = 64    # learned positions; None = no positions
 
+# %% ../nbs/03_deep.ipynb #b1dda902
+def _check_tokens(tokens, vocab: int) -> None:
+    "Raise ValueError unless `tokens` are integer ids (B, T) in 0..vocab-1."
+    if (not isinstance(tokens, torch.Tensor) or tokens.dim() != 2
+            or tokens.dtype.is_floating_point):
+        got = getattr(tokens, 'shape', type(tokens).__name__)
+        raise ValueError(f"tokens must be integer ids (B, T), got {got}")
+    if tokens.numel() and not (0 <= tokens.min() and tokens.max() < vocab):
+        raise ValueError(f"token ids must lie in 0..{vocab - 1} (the vocab), "
+                         f"got ids {tokens.min().item()}..{tokens.max().item()}")
+
+# %% ../nbs/03_deep.ipynb #c49bfb89
 class TinyLM(nn.Module):
     "Token (+ position) embedding, Pre-LN blocks, final LN and an LM head."
     def __init__(self, cfg: LMConfig = LMConfig()):
@@ -122,10 +135,7 @@ class TinyLM(nn.Module):
 
     def embed(self, tokens: torch.Tensor, start: int = 0) -> torch.Tensor:
         "Token ids (B, T) at positions start.. -> residual stream (B, T, d)."
-        if (not isinstance(tokens, torch.Tensor) or tokens.dim() != 2
-                or tokens.dtype.is_floating_point):
-            got = getattr(tokens, 'shape', type(tokens).__name__)
-            raise ValueError(f"tokens must be integer ids (B, T), got {got}")
+        _check_tokens(tokens, self.cfg.vocab)
         T, n_pos = tokens.shape[1], self.cfg.n_pos
         if self.pos is None: return self.tok(tokens)
         if start < 0 or start + T > n_pos:
@@ -136,9 +146,15 @@ class TinyLM(nn.Module):
         pos = torch.arange(start, start + T, device=tokens.device)
         return self.tok(tokens) + self.pos(pos)               # (B, T, d)
 
-    def forward(self, tokens, start: int = 0, updates=None,
+    def forward(self, tokens, start: Optional[int] = None, updates=None,
                 return_hidden: bool = False):
-        "Logits (B, T, vocab); `updates[l]`: MLP updates of block l."
+        "Logits (B, T, vocab) at positions start.. (default 0, or the patch's)."
+        held = getattr(self, '_patch_start', None)        # set by inplace
+        if start is None: start = 0 if held is None else held
+        elif held is not None and start != held:
+            raise ValueError(
+                f"the model is patched in place for a query at positions "
+                f"{held}..; call it with start={held} or leave start out")
         return self.stack(self.embed(tokens, start), updates,
                           return_hidden=return_hidden)
 
@@ -158,13 +174,14 @@ def _embed(model, X: torch.Tensor, start: int) -> torch.Tensor:
     if isinstance(model, TinyLM): return model.embed(X, start)
     return model.embed(X)
 
-def _run(model, X, start: int = 0, updates=None, return_hidden=False):
+def _forward(model, X, start: int = 0, updates=None, return_hidden=False):
     "The model's own forward at positions start.., with optional updates."
     if isinstance(model, TinyLM):
         return model(X, start, updates, return_hidden)
     return model(X, updates, return_hidden=return_hidden)
 
-def _join(model, C, x):
+# %% ../nbs/03_deep.ipynb #2ab9f4a3
+def _prompt(model, C, x):
     "Check context and query; return [C, x] and the context length n."
     tok = isinstance(model, TinyLM)
     want = '(B, n) token ids' if tok else '(B, n, d) features'
@@ -191,16 +208,56 @@ def _join(model, C, x):
     return torch.cat([C, x], 1), n
 
 # %% ../nbs/03_deep.ipynb #3e8c45ff
-def _squeeze(r: RankOne) -> RankOne:
-    "One u, v from factors of one sequence and one position."
-    return RankOne(r.u.reshape(-1), r.v.reshape(-1))
+def _inplace_edits(blocks, layers) -> list:
+    "(weight, ΔW) pairs of a one-position patch; refuse weights shared by blocks."
+    edits, seen = [], {}
+    for l, (blk, p) in enumerate(zip(blocks, layers)):
+        first, last = blk.mlp.layers[0], blk.mlp.layers[-1]
+        mine = [(first.weight, p.dW.flat())]
+        if p.db_out is not None: mine.append((last.bias, p.db_out.reshape(-1)))
+        if p.dW_out is not None: mine.append((last.weight, p.dW_out.flat()))
+        for weight, dW in mine:
+            if id(weight) in seen:
+                raise ValueError(
+                    f"blocks {seen[id(weight)]} and {l} share one MLP weight, "
+                    "so their patches cannot both be written into it; use "
+                    "patch.apply(model, x), which keeps them apart")
+            seen[id(weight)] = l; edits.append((weight, dW))
+    return edits
 
+@contextmanager
+def _held_start(model, start: int):
+    "While patched in place, a TinyLM's forward starts at the query's position."
+    if not isinstance(model, TinyLM): yield; return
+    object.__setattr__(model, '_patch_start', start)
+    try: yield
+    finally: object.__delattr__(model, '_patch_start')
+
+def _check_fit(patch, model, x=None) -> nn.ModuleList:
+    "The model's blocks, if `patch` fits the model and the query x."
+    blocks = _model_blocks(model)
+    if len(blocks) != len(patch):
+        raise ValueError(f"the patch has {len(patch)} layers, the model "
+                         f"{len(blocks)} blocks")
+    if x is None: return blocks
+    if tuple(x.shape[:2]) != patch.shape:
+        raise ValueError(f"the patch was computed for (B, q) = "
+                         f"{patch.shape}; got a query {tuple(x.shape)}")
+    if patch.query is not None and not torch.equal(x, patch.query):
+        raise ValueError("this patch was computed for another query of the "
+                         "same shape; a patch holds for its own query only: "
+                         "compute context_patches(model, C, x)")
+    return blocks
+
+# %% ../nbs/03_deep.ipynb #24af2239
 @dataclass(frozen=True)
 class DeepPatch:
     "Per-layer patch factors for one context and query (`layers[l]`: block l)."
     layers: tuple        # one BlockPatch per block
     start: int           # position of the query's first token (= n)
     mode: str = 'bias'   # 'bias' (ΔW + steering vector) or 'rank1'
+    query: Optional[torch.Tensor] = field(default=None, repr=False,
+                                          compare=False)  # x it was made for
 
     def __len__(self) -> int: return len(self.layers)
 
@@ -217,40 +274,25 @@ class DeepPatch:
         "The `updates` argument of the model's forward."
         return [p.kwargs() for p in self.layers]
 
-    def _fit(self, model, x=None) -> nn.ModuleList:
-        blocks = _model_blocks(model)
-        if len(blocks) != len(self):
-            raise ValueError(f"the patch has {len(self)} layers, the model "
-                             f"{len(blocks)} blocks")
-        if x is not None and tuple(x.shape[:2]) != self.shape:
-            raise ValueError(f"the patch was computed for (B, q) = "
-                             f"{self.shape}; got a query {tuple(x.shape)}")
-        return blocks
-
     def apply(self, model, x, return_hidden: bool = False):
         "Run `model` on the query x alone with the patch (no weight changes)."
-        self._fit(model, x)
-        return _run(model, x, self.start, self.updates(), return_hidden)
+        _check_fit(self, model, x)
+        return _forward(model, x, self.start, self.updates(), return_hidden)
 
     @contextmanager
     def inplace(self, model):
         "Write the patch into `model`'s weights; restore them bit for bit."
-        blocks = self._fit(model)
+        blocks = _check_fit(self, model)
         if math.prod(self.shape) != 1:
             raise ValueError(
                 f"in-place patching writes one matrix per layer, so it needs "
                 f"the patch of one query token of one sequence; this one has "
                 f"(B, q) = {self.shape}. Use patch.apply(model, x) instead.")
+        edits = _inplace_edits(blocks, self.layers)
         with ExitStack() as stack:
-            for blk, p in zip(blocks, self.layers):
-                first, last = blk.mlp.layers[0], blk.mlp.layers[-1]
-                edits = [(first.weight, _squeeze(p.dW))]
-                if p.db_out is not None:
-                    edits.append((last.bias, p.db_out.reshape(-1)))
-                if p.dW_out is not None:
-                    edits.append((last.weight, _squeeze(p.dW_out)))
-                for weight, dW in edits:
-                    stack.enter_context(patched_weights(weight, dW))
+            for weight, dW in edits:
+                stack.enter_context(patched_weights(weight, dW))
+            stack.enter_context(_held_start(model, self.start))
             yield model
 
 # %% ../nbs/03_deep.ipynb #1b5b28e8
@@ -259,7 +301,7 @@ def context_patches(model, C: torch.Tensor, x: torch.Tensor,
                     closed_loop: bool = True) -> DeepPatch:
     "Per-layer patches: x alone through the patched model equals [C, x]."
     blocks = _model_blocks(model)
-    X, n = _join(model, C, x)
+    X, n = _prompt(model, C, x)
     with torch.no_grad():
         Z, h_ctx, z_ctx = _embed(model, X, 0), [], []      # pass 1: with C
         for blk in blocks:
@@ -273,7 +315,7 @@ def context_patches(model, C: torch.Tensor, x: torch.Tensor,
                                     mode, min_norm)
             layers.append(p)
             if closed_loop: z = blk(z, **p.kwargs())        # patched block
-    return DeepPatch(tuple(layers), start=n, mode=mode)
+    return DeepPatch(tuple(layers), start=n, mode=mode, query=x)
 
 # %% ../nbs/03_deep.ipynb #60be80e0
 def patch_errors(model, C: torch.Tensor, x: torch.Tensor, mode: str = 'bias',
@@ -282,7 +324,7 @@ def patch_errors(model, C: torch.Tensor, x: torch.Tensor, mode: str = 'bias',
     n = C.shape[1]
     with torch.no_grad():
         patch = context_patches(model, C, x, mode, closed_loop=closed_loop)
-        out, hid = _run(model, torch.cat([C, x], 1), 0, None, True)
+        out, hid = _forward(model, torch.cat([C, x], 1), 0, None, True)
         out_p, hid_p = patch.apply(model, x, return_hidden=True)
     return dict(per_layer=[rel_err(a, b[:, n:]) for a, b in
                            zip(hid_p[1:], hid[1:])],
@@ -297,7 +339,7 @@ def _check_lm(model) -> None:
 def greedy(model: TinyLM, prompt: torch.Tensor, k: int,
            return_logits: bool = False):
     "k greedy tokens (B, k) after prompt (B, T), the ordinary way."
-    _check_lm(model); toks, logits = prompt, []
+    _check_lm(model); check_int('k', k, 0); toks, logits = prompt, []
     with torch.no_grad():
         for _ in range(k):
             logits.append(model(toks)[:, -1])                  # (B, vocab)
@@ -308,7 +350,7 @@ def greedy(model: TinyLM, prompt: torch.Tensor, k: int,
 def greedy_patched(model: TinyLM, C: torch.Tensor, x: torch.Tensor, k: int,
                    mode: str = 'bias', return_logits: bool = False):
     "k greedy tokens after x with C removed, re-patching at every step."
-    _check_lm(model); q, logits = x, []
+    _check_lm(model); check_int('k', k, 0); q, logits = x, []
     with torch.no_grad():
         for _ in range(k):
             patch = context_patches(model, C, q, mode)         # for this query
@@ -318,7 +360,6 @@ def greedy_patched(model: TinyLM, C: torch.Tensor, x: torch.Tensor, k: int,
     return (out, torch.stack(logits, 1)) if return_logits else out
 
 # %% ../nbs/03_deep.ipynb #f0058956
-TOLERANCE = {'float32': 1e-6, 'float64': 1e-12}
 VERIFY_DEFAULTS = dict(d_model=64, heads=4, d_mlp=256, causal=True,
                        mode='bias', batch=1, closed_loop=True)
 
@@ -332,10 +373,12 @@ def verify(layers: int = 10, context: int = 256, query: int = 1,
                         f"{sorted(VERIFY_DEFAULTS)}")
     opts = {**VERIFY_DEFAULTS, **more}
     dt = resolve_dtype(dtype); name = str(dt).removeprefix('torch.')
-    for k, v in dict(layers=layers, context=context, query=query,
-                     batch=opts['batch']).items():
-        if not isinstance(v, int) or v < 1:
+    sizes = dict(layers=layers, context=context, query=query,
+                 **{k: opts[k] for k in ('batch', 'd_model', 'heads', 'd_mlp')})
+    for k, v in sizes.items():
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             raise ValueError(f"{k} must be a positive integer, got {v!r}")
+    check_int('seed', seed, 0, 2**63 - 2)        # seed + 1 seeds the inputs
     t0 = time.perf_counter()
     model = PreLNStack(StackConfig(
         depth=layers, d_model=opts['d_model'], heads=opts['heads'],

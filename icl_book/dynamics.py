@@ -4,16 +4,16 @@
 
 # %% ../nbs/04_dynamics.ipynb #434dac9f
 from __future__ import annotations
-import functools, math, time
+import math, statistics, time
 from dataclasses import replace
 from typing import NamedTuple, Optional
 import torch
-from .core import check_same, rel_err, seed_everything
+from .core import check_int, check_same, rel_err, seed_everything
 from .blocks import (
-    ContextualBlock, ContextualLayer, LinearAttention, PreLNStack, RankOne,
-    RecurrentLayer, StackConfig, _Attention, _as_seq)
+    ATTENTION_KINDS, Attention, ContextualBlock, ContextualLayer,
+    LinearAttention, PreLNStack, RankOne, RecurrentLayer, StackConfig, as_seq)
 from .patch import token_patch_factors
-from .deep import BlockPatch, attention_residual, block_patch_factors
+from .deep import BlockPatch, block_patch_factors
 
 # %% auto #0
 __all__ = ['ImplicitGD', 'additive_gd', 'gd_iterates', 'implicit_loss', 'absorption_gd', 'product_form', 'end_points',
@@ -110,6 +110,7 @@ def gd_linear_attention(w0: torch.Tensor, eta: float,
     "Linear attention whose context vector is one GD step on n examples."
     if w0.dim() != 1:
         raise ValueError(f"w0 must be a vector (d,), got {tuple(w0.shape)}")
+    check_int('n (the number of examples the step averages over)', n)
     d = w0.shape[0]; D = d + 1; dt = w0.dtype
     layer = LinearAttention(D, heads=1).to(dt)
     QK = torch.zeros(D, D, dtype=dt); QK[:d, :d] = torch.eye(d)
@@ -127,26 +128,6 @@ def regression_tokens(X: torch.Tensor, y: torch.Tensor, x_q: torch.Tensor):
     return C, torch.cat([x_q, x_q.new_zeros(*x_q.shape[:-1], 1)], -1)
 
 # %% ../nbs/04_dynamics.ipynb #36ae6c58
-@functools.lru_cache(maxsize=8)
-def _visible(S: int, n: int, first: int, device) -> torch.Tensor:
-    "Mask (S, n+1): stream s sees tokens j < s + first, and itself (last)."
-    see = torch.ones(S, n + 1, dtype=torch.bool, device=device)
-    see[:, :n] = see[:, :n].tril(first - 1)
-    return see
-
-def _attend(layer: _Attention, Z, n: int, see, rows=slice(None)):
-    "Rows `rows` of Z (B, T, d) attend to its first n rows (`see`), and self."
-    B, T, d = Z.shape
-    k, v = layer._heads(layer.k(Z)), layer._heads(layer.v(Z))  # (B, h, T, dh)
-    q = layer._heads(layer.q(Z[:, rows]))                 # (B, h, S, dh)
-    ks, vs = k[:, :, rows], v[:, :, rows]                 # their own keys
-    scores = torch.cat([q @ k[:, :, :n].transpose(-1, -2),  # (B, h, S, n)
-                        (q * ks).sum(-1, keepdim=True)],  # self, (B, h, S, 1)
-                       -1) / math.sqrt(d // layer.heads)
-    p = layer._mix(scores, see)                           # (B, h, S, n+1)
-    out = p[..., :n] @ v[:, :, :n] + p[..., n:] * vs      # (B, h, S, dh)
-    return layer.o(out.transpose(1, 2).reshape(B, q.shape[2], d))
-
 def _recurrent_streams(layer: RecurrentLayer, Zc, Zs,
                        first: int) -> torch.Tensor:
     "Stream s: the state after c_1..c_{first+s}, then one step on its input."
@@ -163,21 +144,27 @@ def _recurrent_streams(layer: RecurrentLayer, Zc, Zs,
         state = flat([Zc.new_zeros(1, B, k)] + list(H[:, None]))
     return r(Zs.reshape(B * S, 1, -1), state)[0].view(B, S, k)
 
+def _check_weights(module, Z: torch.Tensor) -> None:
+    "Raise ValueError unless the module's weights have Z's dtype and device."
+    w = next(module.parameters(), None)
+    if w is not None and (w.dtype, w.device) != (Z.dtype, Z.device):
+        raise ValueError(f"the model's weights are {w.dtype} on {w.device} "
+                         f"but the inputs are {Z.dtype} on {Z.device}; "
+                         "convert one with .to(...)")
+
 # %% ../nbs/04_dynamics.ipynb #175b77c0
 def prefix_streams(layer: ContextualLayer, Zc: torch.Tensor, Zs: torch.Tensor,
                    first: int = 0) -> torch.Tensor:
     "Stream s reads c_1..c_{first+s}, then its token; Zs (B, n+1-first, d)."
-    Zc, Zs = _as_seq(Zc, 'Zc'), _as_seq(Zs, 'Zs')
-    check_same(Zc=Zc, Zs=Zs)
+    Zc, Zs = as_seq(Zc, 'Zc'), as_seq(Zs, 'Zs')
+    check_same(Zc=Zc, Zs=Zs); _check_weights(layer, Zc)
     B, n, d = Zc.shape; want = (B, n + 1 - first, d)
     if first not in (0, 1) or Zs.shape != want:
         raise ValueError(f"need one stream per prefix length {first}..{n} "
                          f"(first = 0 or 1): Zs must be {want}, got "
                          f"{tuple(Zs.shape)} with first={first}")
-    if isinstance(layer, _Attention):                     # streams after C
-        return _attend(layer, torch.cat([Zc, Zs], 1), n,
-                       _visible(n + 1 - first, n, first, Zc.device),
-                       rows=slice(n, None))
+    if isinstance(layer, Attention):    # stream s: c_j, j < s + first, itself
+        return layer.attend(Zs, Zc, shift=first, with_self=True)
     if isinstance(layer, RecurrentLayer):
         return _recurrent_streams(layer, Zc, Zs, first)
     raise TypeError(f"no batched prefix computation for "
@@ -188,7 +175,7 @@ def prefix_streams(layer: ContextualLayer, Zc: torch.Tensor, Zs: torch.Tensor,
 def prefix_outputs(layer: ContextualLayer, C: torch.Tensor,
                    x: torch.Tensor) -> torch.Tensor:
     "A(c_1..c_i, x), i = 0..n, in one pass; C (B, n, d), x (B, d)."
-    C = _as_seq(C, 'C')
+    C = as_seq(C, 'C')
     if (not isinstance(x, torch.Tensor) or x.dim() != 2
             or x.shape[0] != C.shape[0]):
         raise ValueError(f"x must be one query per context, (B, d) = "
@@ -197,11 +184,13 @@ def prefix_outputs(layer: ContextualLayer, C: torch.Tensor,
 
 # %% ../nbs/04_dynamics.ipynb #e3edee46
 def block_trajectory(block: ContextualBlock, C: torch.Tensor,
-                     x: torch.Tensor, min_norm=None) -> RankOne:
-    "ΔW_i for i = 1..n in one pass: u (B, n, H), v (B, n, d)."
-    A = prefix_outputs(block.layer, C, x)                 # (B, n+1, d)
-    A0 = A[:, :1].expand_as(A[:, 1:])                     # reference A(x)
-    return token_patch_factors(block.W, A[:, 1:], A0, min_norm)
+                     x: torch.Tensor, min_norm=None,
+                     grad: bool = False) -> RankOne:
+    "ΔW_i for i = 1..n in one pass: u (B, n, H), v (B, n, d); grad: keep graph."
+    with torch.set_grad_enabled(grad):
+        A = prefix_outputs(block.layer, C, x)             # (B, n+1, d)
+        A0 = A[:, :1].expand_as(A[:, 1:])                 # reference A(x)
+        return token_patch_factors(block.W, A[:, 1:], A0, min_norm)
 
 def block_trajectory_naive(block: ContextualBlock, C: torch.Tensor,
                            x: torch.Tensor, min_norm=None) -> RankOne:
@@ -230,17 +219,24 @@ def _check_stack(stack, C, x) -> None:
                          "states then depend on the query and on later "
                          "tokens, so prefixes cannot share one pass; use "
                          "stack_trajectory_naive")
-    C = _as_seq(C, 'C'); want = (C.shape[0], C.shape[2])
+    C = as_seq(C, 'C'); want = (C.shape[0], C.shape[2])
     if not isinstance(x, torch.Tensor) or x.shape != want:
         raise ValueError(f"x must be one query per context, {want}, "
                          f"got {getattr(x, 'shape', x)}")
     if C.shape[1] < 1: raise ValueError("the context is empty: no trajectory")
+    check_same(C=C, x=x); _check_weights(stack, C)
 
 # %% ../nbs/04_dynamics.ipynb #ab6b0b11
 def stack_trajectory(stack: PreLNStack, C: torch.Tensor, x: torch.Tensor,
-                     mode: str = 'bias', on_layer=None, min_norm=None):
+                     mode: str = 'bias', on_layer=None, min_norm=None,
+                     grad: bool = False):
     "Each block's patch for each prefix i = 1..n in one pass (B, n, .)."
     _check_stack(stack, C, x)
+    with torch.set_grad_enabled(grad):
+        return _stack_pass(stack, C, x, mode, on_layer, min_norm)
+
+def _stack_pass(stack, C, x, mode, on_layer, min_norm):
+    "The pass of `stack_trajectory`, on checked inputs."
     B, n, _ = C.shape; L = len(stack.blocks); out = []
     Hc = stack.embed(C)                                   # context, (B, n, d)
     Hs = stack.embed(x[:, None]).expand(B, n, -1)         # streams, (B, n, d)
@@ -254,9 +250,10 @@ def stack_trajectory(stack: PreLNStack, C: torch.Tensor, x: torch.Tensor,
         else: on_layer(l, p)
         if l < L - 1:                    # next-layer states of both
             Hs = hs + blk.mlp(blk.ln2(hs))
-            hc = Hc + blk.layer.seq(Zc); Hc = hc + blk.mlp(blk.ln2(hc))
+            hc = blk.residual(Hc); Hc = hc + blk.mlp(blk.ln2(hc))
     return None if on_layer is not None else out
 
+# %% ../nbs/04_dynamics.ipynb #eba6d374
 def stack_trajectory_naive(stack: PreLNStack, C: torch.Tensor, x: torch.Tensor,
                            mode: str = 'bias', prefixes=None, min_norm=None):
     "The same by one forward pass per prefix length in `prefixes` (1..n)."
@@ -269,7 +266,7 @@ def stack_trajectory_naive(stack: PreLNStack, C: torch.Tensor, x: torch.Tensor,
         H = stack.embed(torch.cat([C[:, :i], x[:, None]], 1))  # (B, i+1, d)
         ps = []
         for blk in stack.blocks:
-            h = attention_residual(blk, H)
+            h = blk.residual(H)
             ps.append(_squeeze_q(block_patch_factors(
                 blk, h[:, -1:], H[:, -1:], mode, min_norm)))
             H = h + blk.mlp(blk.ln2(h))
@@ -283,19 +280,10 @@ def stack_trajectory_naive(stack: PreLNStack, C: torch.Tensor, x: torch.Tensor,
             for l in range(len(stack.blocks))]
 
 # %% ../nbs/04_dynamics.ipynb #d616472e
-_TINY = torch.finfo(torch.float64).tiny
-
-def _frob(P, Q) -> torch.Tensor:
-    "<P, Q>_F of sums of rank-1 terms given as lists of factor pairs (u, v)."
-    return sum((pu * qu).sum(-1) * (pv * qv).sum(-1)
-               for pu, pv in P for qu, qv in Q)
-
 def patch_rel_diff(P: RankOne, Q: RankOne) -> torch.Tensor:
     "||u vᵀ - u' v'ᵀ||_F / ||u' v'ᵀ||_F from the factors, per index."
-    u, v, u2, v2 = (t.double() for t in (P.u, P.v, Q.u, Q.v))
-    D = [(u - u2, v), (u2, v - v2)]
-    den = u2.norm(dim=-1) * v2.norm(dim=-1)
-    return _frob(D, D).clamp_min(0).sqrt() / den.clamp_min(_TINY)
+    den = Q.norm()
+    return P.diff_norm(Q) / den.clamp_min(torch.finfo(den.dtype).tiny)
 
 def trajectory_rel_diff(fast: list, slow: list, prefixes=None) -> float:
     "Largest relative gap of all-prefix `fast` and `slow` at `prefixes`."
@@ -312,18 +300,24 @@ def trajectory_rel_diff(fast: list, slow: list, prefixes=None) -> float:
     return worst
 
 # %% ../nbs/04_dynamics.ipynb #2973922f
+def _frob(P, Q) -> torch.Tensor:
+    "<P, Q>_F of sums of rank-1 terms, given as lists of RankOne, per index."
+    return sum(p.inner(q) for p in P for q in Q)
+
 def trajectory_summaries(dW: RankOne, db: Optional[torch.Tensor] = None):
     "Norms, steps, alignments of ΔW_i = u_i v_iᵀ; u (B, n, H), v (B, n, d)."
     u, v = dW.u.double(), dW.v.double()
-    norm = u.norm(dim=-1) * v.norm(dim=-1)                # (B, n)
+    at = lambda s: RankOne(u[:, s], v[:, s])
+    norm = dW.norm()                                      # (B, n)
+    step = at(slice(1, None)).diff_norm(at(slice(None, -1)))   # (B, n-1)
+    cos_final = dW.cosine(at(slice(-1, None)))            # (B, n)
     # ΔW_{i+1} - ΔW_i = (u_{i+1} - u_i) v_{i+1}ᵀ + u_i (v_{i+1} - v_i)ᵀ
-    D = [(u[:, 1:] - u[:, :-1], v[:, 1:]), (u[:, :-1], v[:, 1:] - v[:, :-1])]
-    step = _frob(D, D).clamp_min(0).sqrt()                # (B, n-1)
-    last = [(u[:, -1:], v[:, -1:])]
-    cos_final = _frob([(u, v)], last) / (norm * norm[:, -1:]).clamp_min(_TINY)
-    Dp = [(a[:, :-1], b[:, :-1]) for a, b in D]           # steps i
-    Dn = [(a[:, 1:], b[:, 1:]) for a, b in D]             # steps i + 1
-    cos_step = _frob(Dp, Dn) / (step[:, :-1] * step[:, 1:]).clamp_min(_TINY)
+    D = [RankOne(u[:, 1:] - u[:, :-1], v[:, 1:]),
+         RankOne(u[:, :-1], v[:, 1:] - v[:, :-1])]
+    Dp = [RankOne(r.u[:, :-1], r.v[:, :-1]) for r in D]   # steps i
+    Dn = [RankOne(r.u[:, 1:], r.v[:, 1:]) for r in D]     # steps i + 1
+    tiny = torch.finfo(torch.float64).tiny
+    cos_step = _frob(Dp, Dn) / (step[:, :-1] * step[:, 1:]).clamp_min(tiny)
     out = dict(norm=norm, step=step, cos_final=cos_final,   # (B, n), (B, n-1),
                cos_step=cos_step)                           # (B, n), (B, n-2)
     if db is not None:
@@ -408,20 +402,29 @@ def plot_trajectory_dynamics(curves: dict):
     return fig
 
 # %% ../nbs/04_dynamics.ipynb #fc8c298a
-def _best_time(f, repeats: int, budget: float = 0.0) -> float:
-    "Best time of f over >= `repeats` calls, more (<= 100) within `budget` s."
-    best, start, k = math.inf, time.perf_counter(), 0
-    while k < repeats or (k < 100 and time.perf_counter() - start < budget):
-        t = time.perf_counter(); f(); best = min(best, time.perf_counter() - t)
-        k += 1
-    return best
+def _median_time(f, repeats: int, budget: float = 0.0, warm=None) -> float:
+    "Median of >= `repeats` timed calls (<= 100 within `budget` s) after a warm-up."
+    (warm or f)(); times, start = [], time.perf_counter()
+    while len(times) < repeats or (len(times) < 100 and
+                                   time.perf_counter() - start < budget):
+        t = time.perf_counter(); f(); times.append(time.perf_counter() - t)
+    return statistics.median(times)
 
+def _check_timing(t_fast: float, t_fwd: float) -> None:
+    "The one pass includes a forward pass over C: it cannot cost much less."
+    if not t_fast > 0.25 * t_fwd:
+        raise RuntimeError(
+            f"implausible timing: the one pass ({t_fast:.3g} s) took less than "
+            f"a quarter of one forward pass ({t_fwd:.3g} s), which it contains;"
+            " the machine was probably busy: rerun with more repeats")
+
+# %% ../nbs/04_dynamics.ipynb #289b4ad1
 def bench_trajectory(n: int = 1024, layers: int = 10, d_model: int = 64,
                      seed: int = 0, heads: int = 4, d_mlp: int = 256,
                      batch: int = 1, kind: str = 'softmax', repeats: int = 3,
                      check: int = 32, budget: float = 1.0) -> dict:
     "Loop vs one pass for a causal Pre-LN stack: times, speedup, agreement."
-    if n < 1: raise ValueError(f"n must be >= 1, got {n}")
+    check_int('n', n); check_int('repeats', repeats); check_int('check', check)
     t0 = time.perf_counter()
     cfg = StackConfig(depth=layers, d_model=d_model, heads=heads, d_mlp=d_mlp,
                       kind=kind, seed=seed, dtype='float32')
@@ -431,11 +434,13 @@ def bench_trajectory(n: int = 1024, layers: int = 10, d_model: int = 64,
     net, C, x = PreLNStack(cfg), C64.float(), x64.float()
     with torch.inference_mode():
         prompt = torch.cat([C, x[:, None]], 1)                    # (B, n+1, d)
-        t_prompt = _best_time(lambda: net(prompt), repeats, budget)
-        t_ctx = _best_time(lambda: net(C), repeats, budget)
-        t_fast = _best_time(lambda: stack_trajectory(net, C, x), repeats,
-                            budget)
-        t_slow = _best_time(lambda: stack_trajectory_naive(net, C, x), 1)
+        t_prompt = _median_time(lambda: net(prompt), repeats, budget)
+        t_ctx = _median_time(lambda: net(C), repeats, budget)
+        t_fast = _median_time(lambda: stack_trajectory(net, C, x), repeats,
+                              budget)
+        t_slow = _median_time(lambda: stack_trajectory_naive(net, C, x), 1,
+                              warm=lambda: stack_trajectory_naive(
+                                  net, C, x, prefixes=[n]))  # n passes, once
         net64 = PreLNStack(replace(cfg, dtype='float64'))
         idx = sorted({1, n} | {round(1 + k * (n - 1) / max(check - 1, 1))
                                for k in range(min(check, n))})
@@ -443,9 +448,11 @@ def bench_trajectory(n: int = 1024, layers: int = 10, d_model: int = 64,
                                    stack_trajectory_naive(net64, C64, x64,
                                                           prefixes=idx), idx)
     t_fwd = min(t_prompt, t_ctx)          # the faster baseline: conservative
+    _check_timing(t_fast, t_fwd)
     return dict(n=n, layers=layers, d_model=d_model, heads=heads,
                 d_mlp=d_mlp, batch=batch, kind=kind, seed=seed,
                 threads=torch.get_num_threads(), timing_dtype='float32',
+                timing='median after warm-up', repeats=repeats,
                 check_dtype='float64', checked_prefixes=len(idx),
                 t_forward=t_fwd, t_forward_prompt=t_prompt,
                 t_forward_context=t_ctx, t_batched=t_fast, t_naive=t_slow,
