@@ -5,7 +5,12 @@
 # %% ../nbs/10_bridges.ipynb #33f283e7
 from __future__ import annotations
 import torch
-from .core import check_same
+from .core import check_int, check_same
+from .tasks import query_tokens, sample_prompts
+from .train import CHECKPOINTS, load_model
+from .dynamics import stack_trajectory, trajectory_summaries
+from .thought import (fit_stack_thought_patch, stack_patch_error,
+                              with_context_states)
 
 # %% auto #0
 __all__ = ['rome_edit', 'memit_edit', 'steering_comparison', 'monitor_increments', 'plot_monitor']
@@ -18,8 +23,15 @@ def rome_edit(W: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     if W.dim() != 2 or k.shape != (W.shape[1],) or v.shape != (W.shape[0],):
         raise ValueError(f"need W (H, d), k (d,), v (H,); got {tuple(W.shape)}, "
                          f"{tuple(k.shape)}, {tuple(v.shape)}")
+    if cov is not None and cov.shape != (k.shape[0],) * 2:
+        raise ValueError(f"the key covariance cov must be (d, d) = "
+                         f"{(k.shape[0],) * 2}, got {tuple(cov.shape)}")
     Sk = k if cov is None else torch.linalg.solve(cov, k)     # Σ⁻¹ k
-    return torch.outer(v - W @ k, Sk) / (k @ Sk)
+    kSk = k @ Sk
+    if not kSk > torch.finfo(k.dtype).tiny:
+        raise ValueError(f"kᵀ Σ⁻¹ k = {kSk.item():.3g}: the key k is zero (or "
+                         "cov not positive definite), so no edit maps it to v")
+    return torch.outer(v - W @ k, Sk) / kSk
 
 # %% ../nbs/10_bridges.ipynb #44a1c240
 def memit_edit(K: torch.Tensor, R: torch.Tensor, C0: torch.Tensor) -> torch.Tensor:
@@ -35,10 +47,6 @@ def steering_comparison(model: str = 'attn10', n: int = 40, K: int = 256,
                         tasks: int = 3, ranks=(1, 4), lam: float = 1e-3,
                         seed: int = 0) -> dict:
     "Fraction of a prompt's effect carried by static steering, rank-r and full patches."
-    from icl_book.train import load_model, CHECKPOINTS
-    from icl_book.tasks import sample_prompts
-    from icl_book.thought import (_queries, fit_stack_thought_patch,
-                                  stack_patch_error, with_context_states)
     net = load_model(model).double(); task = CHECKPOINTS[model].task
     g = torch.Generator().manual_seed(seed)
     variants = {'steering (bias only)': ('bias', {})}
@@ -48,7 +56,7 @@ def steering_comparison(model: str = 'attn10', n: int = 40, K: int = 256,
     carried = {k: [] for k in variants}
     for _ in range(tasks):
         C = sample_prompts(task, 1, g, n_ctx=n, n_query=1).tokens[0, :n].double()
-        cal, test = _queries(K, task.d, g), _queries(256, task.d, g)
+        cal, test = query_tokens(K, task.d, g), query_tokens(256, task.d, g)
         s_cal, s_test = with_context_states(net, C, cal), with_context_states(net, C, test)
         none = stack_patch_error(net, C, test, None, s_test)
         for name, (kind, kw) in variants.items():
@@ -60,9 +68,10 @@ def steering_comparison(model: str = 'attn10', n: int = 40, K: int = 256,
 def monitor_increments(model: str = 'attn10', n: int = 40, j: int = 20,
                        tasks: int = 64, seed: int = 0) -> dict:
     "Per-token increments ||ΔW_{i+1} - ΔW_i|| (layers, n-1) for clean and altered prompts."
-    from icl_book.train import load_model, CHECKPOINTS
-    from icl_book.tasks import sample_prompts
-    from icl_book.dynamics import stack_trajectory, trajectory_summaries
+    check_int('n', n, 2); check_int('tasks', tasks)
+    if not (isinstance(j, int) and 0 <= j < n):
+        raise ValueError(f"j (the altered example) must be a position in "
+                         f"0..{n - 1} of the context, got {j!r}")
     net = load_model(model).double(); task = CHECKPOINTS[model].task
     g = torch.Generator().manual_seed(seed)
     p = sample_prompts(task, tasks, g, n_ctx=n, n_query=1)

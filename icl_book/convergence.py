@@ -6,6 +6,7 @@
 from __future__ import annotations
 from dataclasses import dataclass
 import torch
+from .core import check_int
 from .dynamics import stack_trajectory, trajectory_summaries
 from .tasks import Prompts, sample_prompts
 from .train import CHECKPOINTS, load_model, model_for
@@ -26,6 +27,11 @@ def increments(model, p: Prompts) -> torch.Tensor:
 
 def late_over_early(inc: torch.Tensor, frac: float = 0.1) -> float:
     "Mean increment over the last `frac` of positions / over the first `frac`."
+    if inc.numel() == 0 or inc.shape[-1] == 0:
+        raise ValueError(f"the increments are empty (shape {tuple(inc.shape)}):"
+                         " they need a context of at least one example")
+    if not 0 < frac <= 0.5:
+        raise ValueError(f"frac must be in (0, 0.5], got {frac}")
     k = max(1, round(frac * inc.shape[-1]))
     return (inc[..., -k:].mean() / inc[..., :k].mean()).item()
 
@@ -33,6 +39,9 @@ def tail_slope(inc: torch.Tensor, start: float = 0.5) -> float:
     "Log-log slope of the median increment against i+1 over the last positions."
     med = inc.double().median(0).values                     # (n,)
     s = int(start * len(med))
+    if len(med) - s < 2:
+        raise ValueError(f"a slope needs >= 2 positions after start={start}; "
+                         f"the increments have {len(med)} positions")
     x = torch.arange(s + 1, len(med) + 1, dtype=torch.float64).log()
     y = med[s:].log()
     x, y = x - x.mean(), y - y.mean()
@@ -47,6 +56,14 @@ class ConvergenceConfig:
     n_ctx: int = 80              # context length: twice the training length
     frac: float = 0.1            # window of `late_over_early`
     seed: int = 0                # prompt seed
+
+    def __post_init__(self):
+        if not self.names:
+            raise ValueError("names is empty: give at least one checkpoint")
+        bad = [n for n in self.names if n not in CHECKPOINTS]
+        if bad: raise ValueError(f"unknown checkpoints {bad}; one of {list(CHECKPOINTS)}")
+        check_int('tasks', self.tasks)
+        check_int('n_ctx (>= 4: the tail slope needs two positions)', self.n_ctx, 4)
 
 def convergence_curves(cfg: ConvergenceConfig = ConvergenceConfig()) -> dict:
     "Increments (B, n) of each trained and untrained model on the same prompts."

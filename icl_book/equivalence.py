@@ -5,14 +5,15 @@
 # %% ../nbs/06_context_vs_patch.ipynb #cbd92264
 from __future__ import annotations
 import torch
-from .core import rel_err
+from .core import check_int, rel_err
 from .deep import context_patches
 from .tasks import Prompts, baseline_predict, with_context
 from .train import (CHECKPOINTS, evaluate, load_log, load_model,
                             model_for, eval_prompts)
 
 # %% auto #0
-__all__ = ['NS', 'references', 'loss_vs_context', 'equivalence_errors', 'reproduce_equivalence', 'plot_context_vs_patch']
+__all__ = ['CONTEXT_LENGTHS', 'references', 'loss_vs_context', 'equivalence_errors', 'reproduce_equivalence',
+           'plot_context_vs_patch']
 
 # %% ../nbs/06_context_vs_patch.ipynb #f3248183
 def references(p: Prompts, noise: float) -> dict:
@@ -22,10 +23,11 @@ def references(p: Prompts, noise: float) -> dict:
     return dict(ols=mse('ols'), ridge=mse('ridge'), zero=mse('zero'))
 
 # %% ../nbs/06_context_vs_patch.ipynb #e44612b7
-NS = (0, 1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 15, 20, 25, 30, 35, 40)
+CONTEXT_LENGTHS = (0, 1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 15, 20, 25, 30, 35, 40)
 
-def loss_vs_context(model, p: Prompts, ns=NS, noise=None) -> dict:
+def loss_vs_context(model, p: Prompts, ns=CONTEXT_LENGTHS, noise=None) -> dict:
     "Test MSE against n: with context, patched, query alone (+ OLS, ridge)."
+    if not ns: raise ValueError("ns is empty: give at least one context length")
     out = dict(n=list(ns))
     for n in ns:
         for k, v in evaluate(model, with_context(p, n)).items():
@@ -54,6 +56,11 @@ def equivalence_errors(model, p: Prompts) -> dict:
 def reproduce_equivalence(name: str = 'attn10', ns=(1, 10, 40, 80),
                           batch: int = 64, seed: int = 0) -> dict:
     "The 10-layer equivalence claim on the shipped checkpoint, as a dict."
+    if name not in CHECKPOINTS:
+        raise ValueError(f"unknown checkpoint {name!r}; one of {list(CHECKPOINTS)}")
+    if not ns: raise ValueError("ns is empty: give at least one context length")
+    for n in ns: check_int('each context length in ns', n)
+    check_int('batch', batch)
     cfg = CHECKPOINTS[name]
     res = {}
     for dtype in ('float32', 'float64'):

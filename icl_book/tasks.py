@@ -10,7 +10,8 @@ from typing import NamedTuple, Optional
 import torch
 
 # %% auto #0
-__all__ = ['TaskConfig', 'Prompts', 'sample_prompts', 'with_context', 'ridge', 'ols', 'baseline_predict', 'query_mask']
+__all__ = ['TaskConfig', 'Prompts', 'sample_prompts', 'with_context', 'query_tokens', 'ridge', 'ols', 'baseline_predict',
+           'query_mask']
 
 # %% ../nbs/05_regression.ipynb #f56b1004
 @dataclass
@@ -70,6 +71,11 @@ def with_context(p: Prompts, n: int) -> Prompts:
                          f"{p.n}, got {n}")
     keep = torch.cat([torch.arange(n), torch.arange(p.n, p.X.shape[1])])
     return Prompts(p.w, p.X[:, keep], p.y[:, keep], n)
+
+def query_tokens(K: int, d: int, g: torch.Generator) -> torch.Tensor:
+    "K query tokens (x, 0) with x ~ N(0, I_d), as in a prompt: (K, d+1), float64."
+    x = torch.randn(K, d, generator=g, dtype=torch.float64)
+    return torch.cat([x, x.new_zeros(K, 1)], 1)
 
 # %% ../nbs/05_regression.ipynb #97adfd6e
 def ridge(X: torch.Tensor, y: torch.Tensor, lam: float = 0.) -> torch.Tensor:

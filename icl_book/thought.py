@@ -4,16 +4,19 @@
 
 # %% ../nbs/09_thought_patch.ipynb #bba0440f
 from __future__ import annotations
+import math
 from dataclasses import dataclass
 from typing import List, NamedTuple, Optional
+import pandas as pd
 import torch
-from .core import check_same
+from .core import check_int, check_same
 from .blocks import ContextualBlock, PreLNStack
-from .deep import attention_residual
 from .patch import token_patch_factors
+from .tasks import query_tokens, sample_prompts
+from .train import CHECKPOINTS, load_model
 
 # %% auto #0
-__all__ = ['KINDS', 'fit_linear_patch', 'block_thought_data', 'fit_block_thought_patch', 'block_patch_error',
+__all__ = ['FIT_KINDS', 'fit_linear_patch', 'block_thought_data', 'fit_block_thought_patch', 'block_patch_error',
            'block_thought_curve', 'ThoughtPatch', 'ContextStates', 'with_context_states', 'fit_stack_thought_patch',
            'stack_patch_error', 'ThoughtConfig', 'thought_curves', 'plot_thought_curves', 'reproduce_thought_patch']
 
@@ -23,11 +26,15 @@ def fit_linear_patch(A: torch.Tensor, V: torch.Tensor, lam: float = 0.0,
                      rcond: float = 1e-10):
     "Least-squares M (H, d), β (H,) or None with M a_k + β ≈ v_k; A (K, d), V (K, H)."
     check_same(A=A, V=V)
+    if not A.dtype.is_floating_point:
+        raise TypeError(f"A and V must be floating tensors, got {A.dtype}: "
+                        "convert them with .double() (or .float()) first")
     if A.dim() != 2 or V.dim() != 2 or A.shape[0] != V.shape[0] or A.shape[0] == 0:
         raise ValueError(f"A must be (K, d) and V (K, H) with the same K >= 1; "
                          f"got {tuple(A.shape)} and {tuple(V.shape)}")
-    if lam < 0: raise ValueError(f"the ridge parameter lam must be >= 0, got {lam}")
-    if rank is not None and rank < 1: raise ValueError(f"rank must be >= 1, got {rank}")
+    if not (isinstance(lam, (int, float)) and math.isfinite(lam) and lam >= 0):
+        raise ValueError(f"the ridge parameter lam must be >= 0 and finite, got {lam}")
+    if rank is not None: check_int('rank', rank)
     A64, V64 = A.double(), V.double()
     a_bar, v_bar = (A64.mean(0), V64.mean(0)) if bias else (0., 0.)
     Ac, Vc = A64 - a_bar, V64 - v_bar                      # (K, d), (K, H)
@@ -51,6 +58,7 @@ def block_thought_data(block: ContextualBlock, C: torch.Tensor, X: torch.Tensor)
         raise ValueError(f"C must be one context (n, d) and X queries (K, d); got "
                          f"{tuple(C.shape)} and {tuple(X.shape)}")
     K = X.shape[0]
+    if K == 0: raise ValueError("no calibration queries: X must hold K >= 1")
     with torch.no_grad():
         a_full = block.A(C.expand(K, *C.shape), X)           # A(C, x_k)
         a_free = block.A(None, X)                           # A(x_k)
@@ -101,16 +109,27 @@ class ThoughtPatch:
         "Numbers stored by the patch."
         return sum(t.numel() for ts in self._parts() for t in ts if t is not None)
 
-# %% ../nbs/09_thought_patch.ipynb #dc8cfa4c
-KINDS = ('lstsq', 'lstsq_w', 'average', 'bias', 'none')
-
+# %% ../nbs/09_thought_patch.ipynb #2f53103f
 class ContextStates(NamedTuple):
     "One pass with the context: per-layer residuals after attention, and outputs."
     h: List[torch.Tensor]      # per layer, at each query (K, d)
     out: torch.Tensor          # model output at each query (K, d_out)
+    C: torch.Tensor            # the context they were computed with (n, d_in)
+    X: torch.Tensor            # the queries (K, d_in)
 
     def __getitem__(self, k):  # the first k queries
-        return ContextStates([h[k] for h in self.h], self.out[k])
+        return ContextStates([h[k] for h in self.h], self.out[k], self.C,
+                             self.X[k])
+
+    def check(self, C: torch.Tensor, X: torch.Tensor) -> 'ContextStates':
+        "Raise ValueError unless these states are those of context C, queries X."
+        if self.C.shape != C.shape or not torch.equal(self.C, C):
+            raise ValueError("the states were computed with another context; "
+                             "run with_context_states(stack, C, X) for this one")
+        if self.X.shape != X.shape or not torch.equal(self.X, X):
+            raise ValueError("the states were computed for other queries; "
+                             "slice them as states[:K] or recompute them")
+        return self
 
 def with_context_states(stack: PreLNStack, C: torch.Tensor, X: torch.Tensor):
     "Run [C, x_k] for every query x_k (K, d_in); keep what the fit needs."
@@ -118,8 +137,11 @@ def with_context_states(stack: PreLNStack, C: torch.Tensor, X: torch.Tensor):
     seqs = torch.cat([C.expand(K, *C.shape), X[:, None]], 1)  # (K, n+1, d_in)
     with torch.no_grad():
         out, hidden = stack(seqs, return_hidden=True)
-        h = [attention_residual(b, H)[:, -1] for b, H in zip(stack.blocks, hidden)]
-    return ContextStates(h, out[:, -1])
+        h = [b.residual(H)[:, -1] for b, H in zip(stack.blocks, hidden)]
+    return ContextStates(h, out[:, -1], C, X)
+
+# %% ../nbs/09_thought_patch.ipynb #ee14b846
+FIT_KINDS = ('lstsq', 'lstsq_w', 'average', 'bias', 'none')  # how a layer is fitted
 
 def _fit_block(blk, h, hc, kind, fit_kw):
     "One block's static patch from free (h) and with-context (hc) residuals."
@@ -141,21 +163,25 @@ def _fit_block(blk, h, hc, kind, fit_kw):
         delta = r.mean(0)                                    # steering vector
     return M, beta, M_out, delta
 
+# %% ../nbs/09_thought_patch.ipynb #929da28a
 def fit_stack_thought_patch(stack: PreLNStack, C: torch.Tensor, X_cal: torch.Tensor,
                             kind: str = 'lstsq', states: Optional[ContextStates] = None,
                             **fit_kw) -> ThoughtPatch:
     "Fit a static patch layer by layer on the patched model's own inputs."
     fit_kw = {'bias': True, **fit_kw}                        # β and δ by default
-    if kind not in KINDS: raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
+    if kind not in FIT_KINDS:
+        raise ValueError(f"kind must be one of {FIT_KINDS}, got {kind!r}")
     if C.dim() != 2 or X_cal.dim() != 2:
         raise ValueError(f"C must be one context (n, d_in) and X_cal queries "
                          f"(K, d_in); got {tuple(C.shape)} and {tuple(X_cal.shape)}")
+    if X_cal.shape[0] == 0:
+        raise ValueError("no calibration queries: X_cal must hold K >= 1")
     tp = ThoughtPatch([], [], [], [])
     with torch.no_grad():
-        h_ctx = (states or with_context_states(stack, C, X_cal)).h
+        st = states.check(C, X_cal) if states else with_context_states(stack, C, X_cal)
         z = stack.embed(X_cal[:, None])                        # (K, 1, d)
-        for blk, hc in zip(stack.blocks, h_ctx):
-            h = attention_residual(blk, z)[:, 0]               # (K, d)
+        for blk, hc in zip(stack.blocks, st.h):
+            h = blk.residual(z)[:, 0]                          # (K, d)
             parts = _fit_block(blk, h, hc, kind, fit_kw)
             for lst, t in zip(tp._parts(), parts): lst.append(t)
             z = blk(z, **tp.updates()[-1])                     # patched block
@@ -165,7 +191,7 @@ def fit_stack_thought_patch(stack: PreLNStack, C: torch.Tensor, X_cal: torch.Ten
 def stack_patch_error(stack: PreLNStack, C, X, tp: Optional[ThoughtPatch] = None,
                       states: Optional[ContextStates] = None) -> float:
     "Mean squared distance of the patched query-only output from the with-context one."
-    target = (states or with_context_states(stack, C, X)).out
+    target = (states.check(C, X) if states else with_context_states(stack, C, X)).out
     with torch.no_grad():
         out = stack(X[:, None], updates=tp.updates() if tp else None)[:, -1]
     return ((out - target) ** 2).sum(-1).mean().item()
@@ -182,32 +208,35 @@ class ThoughtConfig:
     lam: float = 1e-3                       # ridge λ of both fits
     seed: int = 0                           # tasks and queries
 
-# %% ../nbs/09_thought_patch.ipynb #fae776db
-def _queries(K: int, d: int, g: torch.Generator) -> torch.Tensor:
-    "Query tokens (x, 0), x ~ N(0, I_d): (K, d+1) float64."
-    x = torch.randn(K, d, generator=g, dtype=torch.float64)
-    return torch.cat([x, x.new_zeros(K, 1)], 1)
+    def __post_init__(self):
+        for name in ('n_ctx', 'Ks'):
+            vals = getattr(self, name)
+            if not vals:
+                raise ValueError(f"{name} is empty: give at least one value")
+            for v in vals: check_int(f"each of {name}", v)
+        check_int('tasks', self.tasks); check_int('n_test', self.n_test)
+        if self.model not in CHECKPOINTS:
+            raise ValueError(f"unknown checkpoint {self.model!r}; one of "
+                             f"{list(CHECKPOINTS)}")
 
+# %% ../nbs/09_thought_patch.ipynb #fae776db
 def thought_curves(cfg: ThoughtConfig = ThoughtConfig()):
     "Train/test errors of every patch kind vs K on a trained model (a DataFrame)."
-    import pandas as pd
-    from icl_book.train import load_model
-    from icl_book.tasks import sample_prompts
-    from icl_book.train import CHECKPOINTS
     model = load_model(cfg.model).double(); task = CHECKPOINTS[cfg.model].task
     g = torch.Generator().manual_seed(cfg.seed); rows = []
     for n in cfg.n_ctx:
         for t in range(cfg.tasks):
             p = sample_prompts(task, 1, g, n_ctx=n, n_query=1)
             C = p.tokens[0, :n].double()                             # (n, d+1)
-            cal, test = _queries(max(cfg.Ks), task.d, g), _queries(cfg.n_test, task.d, g)
+            cal = query_tokens(max(cfg.Ks), task.d, g)
+            test = query_tokens(cfg.n_test, task.d, g)
             s_cal = with_context_states(model, C, cal)            # one pass each
             s_test = with_context_states(model, C, test)
             err = lambda X, s, tp=None: stack_patch_error(model, C, X, tp, s)
             none_te = err(test, s_test)
             for K in cfg.Ks:
                 none_tr = err(cal[:K], s_cal[:K])
-                kinds = KINDS if K == max(cfg.Ks) else ('lstsq',)
+                kinds = FIT_KINDS if K == max(cfg.Ks) else ('lstsq',)
                 for kind in kinds:
                     kw = dict(lam=cfg.lam) if kind.startswith('lstsq') else {}
                     tp = fit_stack_thought_patch(model, C, cal[:K], kind, s_cal[:K], **kw)
@@ -250,4 +279,4 @@ def reproduce_thought_patch(n: int = 40, Ks=(1, 4, 16, 64, 256), tasks: int = 3,
     return dict(model=model, n_ctx=n, tasks=tasks, seed=seed, lam=cfg.lam,
                 K=[int(k) for k in lst.index], train_err=lst.train.tolist(),
                 test_err=lst.test.tolist(), no_patch_err=float(lst.none_test.iloc[0]),
-                **{f'{k}_test_err': float(big[k]) for k in KINDS if k != 'none'})
+                **{f'{k}_test_err': float(big[k]) for k in FIT_KINDS if k != 'none'})
