@@ -8,20 +8,23 @@ import argparse
 import json
 import sys
 import time
+from .core import DTYPES
+from .blocks import LAYER_KINDS
+from .deep import PATCH_MODES, verify
+from .dynamics import bench_trajectory
 
 # %% auto #0
-__all__ = ['CLAIMS', 'parser', 'main']
+__all__ = ['CLAIMS', 'SUBCOMMANDS', 'parser', 'main']
 
 # %% ../nbs/12_cli.ipynb #3a1e653d
 def _verify(a: argparse.Namespace) -> dict:
-    from icl_book.deep import verify
     return verify(layers=a.layers, context=a.context, query=a.query, dtype=a.dtype,
                   layer_kind=a.layer_kind, seed=a.seed, mode=a.mode,
                   d_model=a.d_model, heads=a.heads, d_mlp=a.d_mlp,
                   causal=not a.bidirectional)
 
 def _reproducers() -> dict:
-    "CLAIM -> the function of the chapter that reproduces it."
+    "CLAIM -> the function of the chapter that reproduces it (loaded on use)."
     from icl_book.equivalence import reproduce_equivalence
     from icl_book.finetune import reproduce_finetune_alignment
     from icl_book.convergence import reproduce_rnn_convergence
@@ -38,28 +41,22 @@ def _reproduce(a: argparse.Namespace) -> dict:
 
 def _bench(a: argparse.Namespace) -> dict:
     if a.what == 'trajectory':
-        from icl_book.dynamics import bench_trajectory
-        return bench_trajectory(n=a.n, layers=a.layers, d_model=a.d_model, seed=a.seed)
+        return bench_trajectory(n=a.n, layers=a.layers, d_model=a.d_model,
+                                seed=a.seed, repeats=a.repeats)
     if a.what == 'hf':
-        from icl_book.hf import bench_hf
+        from icl_book.hf import bench_hf           # needs the hf extra
         return bench_hf(context=a.context, seed=a.seed)
     raise ValueError(f"unknown benchmark {a.what!r}")
 
 # %% ../nbs/12_cli.ipynb #731d5fde
-def parser() -> argparse.ArgumentParser:
-    "The `python -m icl_book` argument parser."
-    p = argparse.ArgumentParser(prog='python -m icl_book', description=(
-        'Checks and benchmarks of the implicit dynamics of in-context learning. '
-        'The last line printed is one JSON object.'))
-    sub = p.add_subparsers(dest='command', required=True)
+def _add_verify(sub) -> None:
     v = sub.add_parser('verify', help='check end-to-end patches on a random Pre-LN stack')
     v.add_argument('--layers', type=int, default=10, help='number of Pre-LN blocks')
     v.add_argument('--context', type=int, default=256, help='context length n')
     v.add_argument('--query', type=int, default=1, help='query tokens q')
-    v.add_argument('--dtype', choices=['float32', 'float64'], default='float32')
-    v.add_argument('--layer-kind', default='softmax',
-                   choices=['softmax', 'linear', 'elman', 'gru', 'lstm'])
-    v.add_argument('--mode', choices=['bias', 'rank1'], default='bias',
+    v.add_argument('--dtype', choices=list(DTYPES), default='float32')
+    v.add_argument('--layer-kind', default='softmax', choices=LAYER_KINDS)
+    v.add_argument('--mode', choices=PATCH_MODES, default='bias',
                    help='carry the residual difference as a bias or a rank-1 W_out update')
     v.add_argument('--bidirectional', action='store_true', help='non-causal attention')
     v.add_argument('--d-model', type=int, default=64)
@@ -67,6 +64,8 @@ def parser() -> argparse.ArgumentParser:
     v.add_argument('--d-mlp', type=int, default=256)
     v.add_argument('--seed', type=int, default=0)
     v.set_defaults(run=_verify)
+
+def _add_bench(sub) -> None:
     b = sub.add_parser('bench', help='side-by-side benchmarks')
     b.add_argument('what', choices=['trajectory', 'hf'])
     b.add_argument('--n', type=int, default=1024, help='trajectory: context length')
@@ -74,12 +73,26 @@ def parser() -> argparse.ArgumentParser:
                    help='hf: context tokens of the SmolLM2 benchmark')
     b.add_argument('--layers', type=int, default=10)
     b.add_argument('--d-model', type=int, default=64)
+    b.add_argument('--repeats', type=int, default=3,
+                   help='trajectory: timed calls per side (median after a warm-up)')
     b.add_argument('--seed', type=int, default=0)
     b.set_defaults(run=_bench)
+
+def _add_reproduce(sub) -> None:
     r = sub.add_parser('reproduce', help="reproduce one of the paper's claims "
                        "on the shipped checkpoints")
     r.add_argument('claim', choices=CLAIMS)
     r.set_defaults(run=_reproduce)
+
+SUBCOMMANDS = [_add_verify, _add_bench, _add_reproduce]  # each: add(subparsers)
+
+def parser() -> argparse.ArgumentParser:
+    "The `python -m icl_book` argument parser."
+    p = argparse.ArgumentParser(prog='python -m icl_book', description=(
+        'Checks and benchmarks of the implicit dynamics of in-context learning. '
+        'The last line printed is one JSON object.'))
+    sub = p.add_subparsers(dest='command', required=True)
+    for add in SUBCOMMANDS: add(sub)
     return p
 
 # %% ../nbs/12_cli.ipynb #70259b83

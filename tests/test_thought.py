@@ -5,7 +5,7 @@ from hypothesis import given, settings, strategies as st
 
 from icl_book.blocks import PreLNStack, StackConfig, make_block
 from icl_book.patch import token_patch
-from icl_book.thought import (KINDS, block_patch_error, fit_block_thought_patch,
+from icl_book.thought import (FIT_KINDS, block_patch_error, fit_block_thought_patch,
                               fit_linear_patch, fit_stack_thought_patch,
                               stack_patch_error)
 
@@ -80,7 +80,7 @@ def test_deep_fit_does_not_mutate_and_orders_baselines():
     g = torch.Generator().manual_seed(5)
     C, X = torch.randn(6, 8, generator=g).double(), torch.randn(200, 8, generator=g).double()
     errs = {k: stack_patch_error(net, C, X[100:], fit_stack_thought_patch(
-        net, C, X[:100], k, **({"lam": 1e-3} if k == "lstsq" else {}))) for k in KINDS}
+        net, C, X[:100], k, **({"lam": 1e-3} if k == "lstsq" else {}))) for k in FIT_KINDS}
     assert errs["lstsq"] < errs["none"] and errs["bias"] < errs["none"]
     assert all(torch.equal(before[k], v) for k, v in net.state_dict().items())
 
