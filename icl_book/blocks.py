@@ -54,8 +54,12 @@ class ContextualLayer(nn.Module):
             raise ValueError(f"the layer's weights are {w.dtype} on {w.device} "
                              f"but the inputs are {x.dtype} on {x.device}; "
                              "convert one with .to(...)")
-        out = self.seq(torch.cat([C, x], 1))[:, C.shape[1]:]  # (B, q, d_out)
+        out = self.at_queries(C, x)                       # (B, q, d_out)
         return out[:, 0] if single else out
+
+    def at_queries(self, C: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        "The outputs at the query positions of [C, x] only (checked inputs)."
+        return self.seq(torch.cat([C, x], 1))[:, C.shape[1]:]
 
 # %% ../nbs/01_contextual_blocks.ipynb #3ecbc35e
 class Attention(ContextualLayer):
@@ -72,7 +76,7 @@ class Attention(ContextualLayer):
                                           for _ in range(4))
 
     def mix(self, scores: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
-        "Attention weights from scores (..., S, T) where the mask m is True."
+        "Attention weights from scores (..., S, T) where the mask m is True (may overwrite scores)."
         raise NotImplementedError
 
     def _heads(self, t: torch.Tensor) -> torch.Tensor:
@@ -80,13 +84,13 @@ class Attention(ContextualLayer):
         return t.view(B, T, self.heads, d // self.heads).transpose(1, 2)
 
     def _visible(self, r: slice, n: int, shift, mask, device):
-        "Mask (..., rows r, n): query s sees key j < s + shift, and `mask`."
+        "Mask (..., rows r, keys :n): query s sees key j < s + shift, and `mask`."
         m = torch.ones(r.stop - r.start, n, dtype=torch.bool, device=device)
         if shift is not None:
             s = torch.arange(r.start, r.stop, device=device)[:, None]
             m = torch.arange(n, device=device)[None] < s + shift
         if mask is not None:
-            mask = mask.to(device=device, dtype=torch.bool)[..., r, :]
+            mask = mask.to(device=device, dtype=torch.bool)[..., r, :n]
             m = m & (mask[:, None] if mask.dim() == 3 else mask)
         return m
 
@@ -97,18 +101,19 @@ class Attention(ContextualLayer):
         k, v = self._heads(self.k(Zkv)), self._heads(self.v(Zkv))
         if with_self: ks, vs = self._heads(self.k(Zq)), self._heads(self.v(Zq))
         rows = max(1, self.budget // (B * self.heads * (n + 1)))
-        out = []
+        out = q.new_empty(q.shape)          # filled in place: the heap stays flat
         for r in (slice(a, min(S, a + rows)) for a in range(0, S, rows)):
-            qr, m = q[:, :, r], self._visible(r, n, shift, mask, Zq.device)
-            sc = qr @ k.transpose(-1, -2)                  # (B, h, r, n)
+            see = n if shift is None else max(0, min(n, r.stop - 1 + shift))
+            qr, m = q[:, :, r], self._visible(r, see, shift, mask, Zq.device)
+            sc = qr @ k[:, :, :see].transpose(-1, -2)      # (B, h, r, see)
             if with_self:                                  # own key, last
                 sc = torch.cat([sc, (qr * ks[:, :, r]).sum(-1, keepdim=True)], -1)
-                m = torch.cat([m.expand(*m.shape[:-1], n),
+                m = torch.cat([m.expand(*m.shape[:-1], see),
                                m.new_ones(*m.shape[:-1], 1)], -1)
-            p = self.mix(sc / math.sqrt(d // self.heads), m)
-            o = p[..., :n] @ v                             # (B, h, r, d_h)
-            out.append(o + p[..., n:] * vs[:, :, r] if with_self else o)
-        out = torch.cat(out, 2).transpose(1, 2)            # (B, S, h, d_h)
+            p = self.mix(sc.div_(math.sqrt(d // self.heads)), m)
+            o = p[..., :see] @ v[:, :, :see]               # (B, h, r, d_h)
+            out[:, :, r] = o + p[..., see:] * vs[:, :, r] if with_self else o
+        out = out.transpose(1, 2)                          # (B, S, h, d_h)
         return self.o(out.reshape(B, S, d))
 
     def seq(self, Z, mask=None):
@@ -116,11 +121,16 @@ class Attention(ContextualLayer):
         causal = self.causal and mask is None              # a mask overrides
         return self.attend(Z, Z, shift=1 if causal else None, mask=mask)
 
+    def at_queries(self, C, x):                 # only the q rows: O(n), not n²
+        n = C.shape[1]
+        return self.attend(x, torch.cat([C, x], 1),
+                           shift=n + 1 if self.causal else None)
+
 # %% ../nbs/01_contextual_blocks.ipynb #8190a9fb
 class SoftmaxAttention(Attention):
     "Multi-head softmax self-attention, causal or bidirectional."
-    def mix(self, scores, m):
-        return scores.masked_fill(~m, float('-inf')).softmax(-1)
+    def mix(self, scores, m):                     # may overwrite scores
+        return scores.masked_fill_(~m, float('-inf')).softmax(-1)
 
 class LinearAttention(Attention):
     "Multi-head linear (softmax-free) self-attention."
@@ -236,7 +246,8 @@ def apply_update(dW, z: torch.Tensor, H: Optional[int] = None) -> torch.Tensor:
     return (dW @ z[..., None])[..., 0]
 
 # %% ../nbs/01_contextual_blocks.ipynb #8ddeb662
-ACTS = {'gelu': F.gelu, 'relu': F.relu, 'tanh': torch.tanh}  # f_θ's
+ACTS = {'gelu': F.gelu, 'relu': F.relu, 'tanh': torch.tanh,      # f_θ's
+        'gelu_tanh': lambda z: F.gelu(z, approximate='tanh')}
 
 # %% ../nbs/01_contextual_blocks.ipynb #23b50df2
 class MLP(nn.Module):

@@ -9,7 +9,7 @@ from contextlib import contextmanager
 from typing import NamedTuple, Optional
 import numpy as np
 import torch
-from .core import rel_err, resolve_dtype
+from .core import TOLERANCE, rel_err, resolve_dtype
 from .blocks import (LAYER_KINDS, PreLNStack, RankOne, StackConfig,
                              make_block)
 from .patch import chunk_mask, chunk_patch, remove_chunk
@@ -18,8 +18,8 @@ from .dynamics import (block_trajectory, stack_trajectory,
                                trajectory_summaries)
 
 # %% auto #0
-__all__ = ['CHUNKS', 'STACK_CHUNKS', 'TOLERANCES', 'DEFAULTS', 'LIMITS', 'make_setting', 'chunk_positions', 'Exploration',
-           'explore', 'plot_exploration', 'explorer']
+__all__ = ['CHUNKS', 'STACK_CHUNKS', 'DEFAULTS', 'LIMITS', 'make_setting', 'chunk_positions', 'Exploration', 'explore',
+           'plot_exploration', 'explorer']
 
 # %% ../nbs/13_explorer.ipynb #8f2a0507
 @contextmanager
@@ -178,8 +178,6 @@ def explore(kind: str = 'softmax', depth: int = 1, n: int = 32,
                        time.perf_counter() - t0)
 
 # %% ../nbs/13_explorer.ipynb #e8dff903
-TOLERANCES = {'float64': 1e-12, 'float32': 1e-5}   # what the chapter asserts
-
 def _plot_factors(ax, r: Exploration) -> None:
     "Panel 1: ũ and â (one block), or ||ΔW_l|| and ||δ_l|| per layer."
     an = r.a.norm(dim=-1, keepdim=True)                   # ||a||, (L, 1)
@@ -209,7 +207,7 @@ def _plot_errors(ax, r: Exploration) -> None:
     for s, (dt, c) in enumerate((('float64', 'C0'), ('float32', 'C1'))):
         ax.bar(xs + (s - .5) * w, r.err[dt].clamp_min(1e-18).numpy(), w,
                color=c, label=dt)
-        ax.axhline(TOLERANCES[dt], ls=':', c=c, lw=1)
+        ax.axhline(TOLERANCE[dt], ls=':', c=c, lw=1)   # what is asserted
     ax.set(yscale='log', ylim=(1e-18, 1e-3), ylabel='relative error',
            xlabel=r'layer $\ell$' if r.depth > 1 else 'the block',
            xticks=xs.tolist(),
@@ -274,27 +272,27 @@ def _opts(depth: int) -> tuple:
     "The chunks the explorer offers at this depth."
     return CHUNKS if depth == 1 else STACK_CHUNKS
 
-def _controls(W, s: dict) -> dict:
+def _controls(widgets, s: dict) -> dict:
     "The six ipywidgets controls, set to the settings `s`."
-    st, narrow = dict(description_width='initial'), W.Layout(width='190px')
-    slider = lambda v, hi, text: W.IntSlider(v, 1, hi, description=text,
+    st, narrow = dict(description_width='initial'), widgets.Layout(width='190px')
+    slider = lambda v, hi, text: widgets.IntSlider(v, 1, hi, description=text,
                                              style=st)
     return dict(
-        kind=W.Dropdown(options=LAYER_KINDS, value=s['kind'],
+        kind=widgets.Dropdown(options=LAYER_KINDS, value=s['kind'],
                         description='layer', style=st, layout=narrow),
         depth=slider(s['depth'], LIMITS['depth'], 'depth L'),
         n=slider(s['n'], LIMITS['n'], 'context n'),
-        chunk=W.Dropdown(options=_opts(s['depth']), value=s['chunk'],
+        chunk=widgets.Dropdown(options=_opts(s['depth']), value=s['chunk'],
                          description='chunk Y', style=st, layout=narrow),
         k=slider(s['k'], s['n'], 'chunk size k'),
-        seed=W.BoundedIntText(s['seed'], min=0, max=10**6,
+        seed=widgets.BoundedIntText(s['seed'], min=0, max=10**6,
                               description='seed', style=st,
-                              layout=W.Layout(width='140px')))
+                              layout=widgets.Layout(width='140px')))
 
 # %% ../nbs/13_explorer.ipynb #06e3871c
 def explorer(**start):
     "The interactive explorer (ipywidgets): controls, numbers and figure."
-    try: import ipywidgets as W
+    try: import ipywidgets as widgets
     except ImportError as e:
         raise ImportError("explorer() needs ipywidgets: pip install "
                           "ipywidgets (or icl_book[dev])") from e
@@ -309,7 +307,7 @@ def explorer(**start):
                          f"{LIMITS['depth']} and n {LIMITS['n']}; call "
                          "explore(...) directly for larger settings")
     chunk_positions(s['chunk'], s['n'], s['k'], s['depth'], s['seed'])
-    ctl, out, info, busy = _controls(W, s), W.Output(), W.HTML(), [False]
+    ctl, out, info, busy = _controls(widgets, s), widgets.Output(), widgets.HTML(), [False]
 
     def update(change=None):
         if busy[0]: return               # a control moved by this callback
@@ -333,7 +331,7 @@ def explorer(**start):
 
     for c in ctl.values(): c.observe(update, 'value')
     update()
-    box = W.VBox([W.HBox([ctl['kind'], ctl['depth'], ctl['n']]),
-                  W.HBox([ctl['chunk'], ctl['k'], ctl['seed']]), info, out])
+    box = widgets.VBox([widgets.HBox([ctl['kind'], ctl['depth'], ctl['n']]),
+                  widgets.HBox([ctl['chunk'], ctl['k'], ctl['seed']]), info, out])
     box.controls, box.output, box.info = ctl, out, info
     return box

@@ -202,5 +202,5 @@ def test_verify_meets_the_targets_and_is_json():
         verify(context=0)
     with pytest.raises(TypeError, match="unknown settings"):
         verify(widht=3)
-    with pytest.raises(ValueError, match="dtype must be one of"):
+    with pytest.raises(ValueError, match="dtype must be 'float32' or 'float64'"):
         verify(dtype="float16")

@@ -91,7 +91,7 @@ def test_bad_inputs():
         fit_linear_patch(A, torch.randn(4, 2).double())
     with pytest.raises(ValueError, match="share one dtype"):
         fit_linear_patch(A, torch.randn(5, 2))
-    with pytest.raises(ValueError, match="rank must be >= 1"):
+    with pytest.raises(ValueError, match="rank must be an integer >= 1"):
         fit_linear_patch(A, torch.randn(5, 2).double(), rank=0)
     net = PreLNStack(StackConfig(depth=1, d_model=8, heads=2, d_mlp=16, dtype="float64"))
     with pytest.raises(ValueError, match="kind must be one of"):
