@@ -30,7 +30,7 @@ def main(argv=None) -> list:
     p.add_argument("--d-model", type=int, default=64)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--repeats", type=int, default=3,
-                   help="best of this many runs for the fast timings")
+                   help="timed calls per side: the median after a warm-up call")
     p.add_argument("--check", type=int, default=32,
                    help="prefix lengths checked against the float64 loop")
     p.add_argument("--out", type=Path, help="also write the JSON lines here")

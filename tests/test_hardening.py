@@ -269,3 +269,15 @@ def test_functional_patch_is_differentiable_in_dW():
 def test_verify_reports_what_it_ran():
     r = deep.verify(layers=1, context=2, dtype='float64', d_model=8, heads=2, d_mlp=8)
     assert type(r['layers']) is int and r['ok']
+
+
+def test_attention_at_n_20000_stays_within_2_gb():
+    "The trajectory of a block at n = 20,000 without a (n, n) score matrix."
+    import json, subprocess, sys
+    from conftest import ROOT
+    r = subprocess.run([sys.executable, str(ROOT / 'bench' / 'memory.py'), '--one',
+                        'block_trajectory', 'softmax', '20000'], capture_output=True,
+                       text=True, timeout=600, env={'OMP_NUM_THREADS': '1', 'PATH': ''})
+    assert r.returncode == 0, r.stderr
+    row = json.loads(r.stdout.strip().splitlines()[-1])
+    assert row['peak_growth_mb'] < 2048 and row['max_rel_diff'] < 1e-12, row
