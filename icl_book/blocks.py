@@ -79,6 +79,8 @@ class Attention(ContextualLayer):
         "Attention weights from scores (..., S, T) where the mask m is True (may overwrite scores)."
         raise NotImplementedError
 
+    def _fused(self) -> bool: return False      # may attend use torch's SDPA?
+
     def _heads(self, t: torch.Tensor) -> torch.Tensor:
         B, T, d = t.shape                                  # -> (B, h, T, d_h)
         return t.view(B, T, self.heads, d // self.heads).transpose(1, 2)
@@ -99,19 +101,25 @@ class Attention(ContextualLayer):
         B, S, d = Zq.shape; n = Zkv.shape[1]
         q = self._heads(self.q(Zq))                        # (B, h, S, d_h)
         k, v = self._heads(self.k(Zkv)), self._heads(self.v(Zkv))
+        if self._fused() and mask is None and not with_self and (
+                shift is None or (shift == 1 and S == n)):  # torch's own kernel
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=shift == 1)
+            return self.o(out.transpose(1, 2).reshape(B, S, d))
         if with_self: ks, vs = self._heads(self.k(Zq)), self._heads(self.v(Zq))
         rows = max(1, self.budget // (B * self.heads * (n + 1)))
         out = q.new_empty(q.shape)          # filled in place: the heap stays flat
         for r in (slice(a, min(S, a + rows)) for a in range(0, S, rows)):
             see = n if shift is None else max(0, min(n, r.stop - 1 + shift))
             qr, m = q[:, :, r], self._visible(r, see, shift, mask, Zq.device)
-            sc = qr @ k[:, :, :see].transpose(-1, -2)      # (B, h, r, see)
+            if see == 1: sc = (qr * k[:, :, :1]).sum(-1, keepdim=True)  # no bmm
+            else: sc = qr @ k[:, :, :see].transpose(-1, -2)  # (B, h, r, see)
             if with_self:                                  # own key, last
                 sc = torch.cat([sc, (qr * ks[:, :, r]).sum(-1, keepdim=True)], -1)
                 m = torch.cat([m.expand(*m.shape[:-1], see),
                                m.new_ones(*m.shape[:-1], 1)], -1)
             p = self.mix(sc.div_(math.sqrt(d // self.heads)), m)
-            o = p[..., :see] @ v[:, :, :see]               # (B, h, r, d_h)
+            o = (p[..., :1] * v[:, :, :1] if see == 1      # (B, h, r, d_h)
+                 else p[..., :see] @ v[:, :, :see])
             out[:, :, r] = o + p[..., see:] * vs[:, :, r] if with_self else o
         out = out.transpose(1, 2)                          # (B, S, h, d_h)
         return self.o(out.reshape(B, S, d))
@@ -131,6 +139,9 @@ class SoftmaxAttention(Attention):
     "Multi-head softmax self-attention, causal or bidirectional."
     def mix(self, scores, m):                     # may overwrite scores
         return scores.masked_fill_(~m, float('-inf')).softmax(-1)
+
+    def _fused(self) -> bool:           # plain softmax: a fused, bounded kernel
+        return type(self).mix is SoftmaxAttention.mix
 
 class LinearAttention(Attention):
     "Multi-head linear (softmax-free) self-attention."

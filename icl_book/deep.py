@@ -76,16 +76,20 @@ def block_patch_factors(block: PreLNBlock, h_ctx: torch.Tensor,
                         z_free: torch.Tensor, mode: str = 'bias',
                         min_norm=None) -> BlockPatch:
     "Patch making `block`(z_free) equal its with-context output; (..., q, d)."
+    # z_free may have size 1 in a leading dim of h_ctx: one free run, many
     _check_block(block)
     if mode not in PATCH_MODES:
         raise ValueError(f"mode must be one of {PATCH_MODES}, got {mode!r}")
     check_same(h_ctx=h_ctx, z_free=z_free, W=block.mlp.W)
     d = block.mlp.W.shape[1]
-    if (h_ctx.shape != z_free.shape or z_free.dim() < 2
-            or z_free.shape[-1] != d):
-        raise ValueError(f"h_ctx and z_free must both be (..., q, {d}); got "
+    try: fits = torch.broadcast_shapes(z_free.shape, h_ctx.shape) == h_ctx.shape
+    except RuntimeError: fits = False
+    if (not fits or z_free.dim() != h_ctx.dim() or z_free.dim() < 2
+            or z_free.shape[-1] != d or z_free.shape[-2] != h_ctx.shape[-2]):
+        raise ValueError(f"h_ctx and z_free must both be (..., q, {d}) (z_free "
+                         f"may have size 1 in a leading dim); got "
                          f"{tuple(h_ctx.shape)} and {tuple(z_free.shape)}")
-    h_free = attention_residual(block, z_free)              # (..., q, d)
+    h_free = attention_residual(block, z_free).expand_as(h_ctx)  # (..., q, d)
     a_ctx, a_free = block.ln2(h_ctx), block.ln2(h_free)     # MLP inputs
     dW = token_patch_factors(block.mlp.W, a_ctx, a_free, min_norm)
     delta = h_ctx - h_free                                  # residual diff.
