@@ -9,25 +9,59 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Optional
 import torch
-from .core import seed_everything
-from .blocks import PreLNStack, StackConfig
+from torch import nn
+from .core import resolve_dtype, seed_everything
+from .blocks import (ContextualBlock, MLP, PreLNStack, StackConfig,
+                             make_layer)
 from .tasks import (TaskConfig, Prompts, sample_prompts, query_mask,
                             baseline_predict)
 
 # %% auto #0
-__all__ = ['CHECKPOINTS', 'EVAL_SEED', 'CKPT_DIR', 'build_model', 'predict', 'TrainConfig', 'model_for', 'eval_prompts', 'lr_at',
-           'evaluate', 'train', 'save_checkpoint', 'load_model', 'load_log', 'train_all', 'compare_checkpoints',
-           'check_reproduction', 'main', 'plot_training']
+__all__ = ['CHECKPOINTS', 'EVAL_SEED', 'CKPT_DIR', 'build_model', 'PlainModel', 'predict', 'TrainConfig', 'model_for',
+           'eval_prompts', 'lr_at', 'evaluate', 'train', 'save_checkpoint', 'load_model', 'load_log', 'train_all',
+           'compare_checkpoints', 'check_reproduction', 'main', 'plot_training']
 
 # %% ../nbs/05a_training.ipynb #91f47a81
 def build_model(depth: int = 1, kind: str = 'softmax', d: int = 5,
                 d_model: int = 64, d_mlp: int = 256, heads: int = 4,
-                seed: int = 0) -> PreLNStack:
-    "A Pre-LN stack reading tokens (x, y) of width d+1, writing one number."
+                seed: int = 0, arch: str = 'preln'):
+    "A stack reading tokens (x, y) of width d+1, writing one number."
     heads = heads if kind in ('softmax', 'linear') else 1
-    return PreLNStack(StackConfig(depth=depth, d_model=d_model, heads=heads,
-                                  d_mlp=d_mlp, kind=kind, d_in=d + 1, d_out=1,
-                                  seed=seed))
+    scfg = StackConfig(depth=depth, d_model=d_model, heads=heads, d_mlp=d_mlp,
+                       kind=kind, d_in=d + 1, d_out=1, seed=seed)
+    if arch == 'preln': return PreLNStack(scfg)
+    if arch == 'plain': return PlainModel(scfg)
+    raise ValueError(f"arch must be 'preln' or 'plain', got {arch!r}")
+
+# %% ../nbs/05a_training.ipynb #747000bc
+class PlainModel(nn.Module):
+    "Read-in, then one block f_θ(W A(C, x) + b): no residual, no LayerNorm."
+    def __init__(self, cfg: StackConfig):
+        super().__init__()
+        if cfg.depth != 1 or cfg.kind not in ('softmax', 'linear'):
+            raise ValueError(f"a PlainModel is one attention block (depth=1, "
+                             f"kind softmax or linear); got depth={cfg.depth}"
+                             f", kind={cfg.kind!r}")
+        seed_everything(cfg.seed); self.cfg = cfg
+        self.read_in = nn.Linear(cfg.d_in, cfg.d_model)
+        layer = make_layer(cfg.kind, cfg.d_model, cfg.heads, cfg.causal)
+        self.block = ContextualBlock(layer, MLP(cfg.d_model, cfg.d_mlp,
+                                                cfg.d_out))
+        self.to(resolve_dtype(cfg.dtype))
+
+    @property
+    def blocks(self) -> list: return [self.block]
+
+    def embed(self, X: torch.Tensor) -> torch.Tensor:
+        "Token features (B, T, d_in) -> attention input (B, T, d_model)."
+        return self.read_in(X)
+
+    def forward(self, X: torch.Tensor, updates=None, mask=None):
+        "Outputs (B, T, 1); `updates[0]` is a dict of MLP updates (dW, db)."
+        if X.dim() != 3:
+            raise ValueError(f"X must be (B, T, d_in), got {tuple(X.shape)}")
+        A = self.block.layer.seq(self.embed(X), mask)         # (B, T, D)
+        return self.block.mlp(A, **((updates or [None])[0] or {}))
 
 # %% ../nbs/05a_training.ipynb #6dd67e19
 def _recurrent_block(blk, H: torch.Tensor, n: int) -> torch.Tensor:
@@ -43,7 +77,7 @@ def _recurrent_block(blk, H: torch.Tensor, n: int) -> torch.Tensor:
     h = H + torch.cat([out_c, out_q], 1)
     return h + blk.mlp(blk.ln2(h))
 
-def predict(model: PreLNStack, tokens: torch.Tensor, n: int) -> torch.Tensor:
+def predict(model, tokens: torch.Tensor, n: int) -> torch.Tensor:
     "Predictions (B, q) at the queries after n context tokens (B, n+q, d+1)."
     T = tokens.shape[1]
     if not 0 <= n < T:
@@ -63,6 +97,7 @@ class TrainConfig:
     name: str = 'attn1'          # checkpoint name
     depth: int = 1               # Pre-LN blocks
     kind: str = 'softmax'        # contextual layer: softmax, linear, gru, lstm...
+    arch: str = 'preln'          # 'preln', or 'plain': no residual, no LayerNorm
     d_model: int = 64            # residual width
     d_mlp: int = 256             # MLP hidden width H (W is H x d_model)
     heads: int = 4               # attention heads (ignored by recurrences)
@@ -83,14 +118,15 @@ CHECKPOINTS = {
     'attn1': TrainConfig('attn1'),
     'gru1': TrainConfig('gru1', kind='gru'),
     'lstm1': TrainConfig('lstm1', kind='lstm'),
+    'plain1': TrainConfig('plain1', arch='plain'),
 }
 EVAL_SEED = 1234                  # the fixed test prompts of every log
 
 # %% ../nbs/05a_training.ipynb #2122faea
-def model_for(cfg: TrainConfig) -> PreLNStack:
+def model_for(cfg: TrainConfig):
     "The untrained model of a training configuration."
     return build_model(cfg.depth, cfg.kind, cfg.task.d, cfg.d_model,
-                       cfg.d_mlp, cfg.heads, cfg.seed)
+                       cfg.d_mlp, cfg.heads, cfg.seed, cfg.arch)
 
 def eval_prompts(task: TaskConfig, batch: int = 512, n_ctx=None,
                  seed: int = EVAL_SEED) -> Prompts:
@@ -106,17 +142,27 @@ def lr_at(cfg: TrainConfig, step: int) -> float:
     return cfg.lr * 0.5 * (1 + math.cos(math.pi * t))
 
 # %% ../nbs/05a_training.ipynb #c54c7e5c
-def evaluate(model: PreLNStack, p: Prompts) -> dict:
-    "Test losses with context, patched without it, and plain without it."
+def _patched_free(model, C: torch.Tensor, x: torch.Tensor) -> tuple:
+    "Context-free predictions (B,), plain and patched; C (B, n, .), x (B, 1, .)."
+    free = model(x)[:, 0, 0]                              # the query alone
+    if not C.shape[1]: return free, free
+    if isinstance(model, PlainModel):                     # Eq. (8) alone
+        from icl_book.patch import chunk_patch
+        blk, E, e = model.block, model.embed(C), model.embed(x)
+        return free, blk.mlp(blk.A(None, e), chunk_patch(blk, E, e))[:, 0, 0]
     from icl_book.deep import context_patches
-    tok, n, y = p.tokens, p.n, p.targets                    # y (B, 1)
+    return free, context_patches(model, C, x).apply(model, x)[:, 0, 0]
+
+def evaluate(model, p: Prompts) -> dict:
+    "Test losses with context, patched without it, and plain without it."
+    tok, n, y = p.tokens, p.n, p.targets                    # y (B, q)
+    B, q = y.shape
     with torch.no_grad():
-        ctx = predict(model, tok, n)                         # (B, 1)
-        free = model(tok[:, n:])[:, :, 0]                    # query alone
-        if n:
-            patch = context_patches(model, tok[:, :n], tok[:, n:])
-            pat = patch.apply(model, tok[:, n:])[:, :, 0]
-        else: pat = free
+        ctx = predict(model, tok, n).reshape(B * q)          # masked queries
+        C = tok[:, :n].repeat_interleave(q, 0)               # (B*q, n, d+1)
+        x = tok[:, n:].reshape(B * q, 1, -1)                 # one query each
+        free, pat = _patched_free(model, C, x)
+    y = y.reshape(B * q)
     mse = lambda a: (a - y).pow(2).mean().item()
     scale = ctx.pow(2).mean().sqrt().clamp_min(1e-30)
     return dict(test_ctx=mse(ctx), test_patched=mse(pat), test_free=mse(free),
@@ -126,6 +172,11 @@ def evaluate(model: PreLNStack, p: Prompts) -> dict:
 def train(cfg: TrainConfig, steps: Optional[int] = None, verbose: bool = False):
     "Train `cfg` (or its first `steps` steps); return the model and its log."
     steps = cfg.steps if steps is None else steps
+    for what, v in (('steps', steps), ('eval_every', cfg.eval_every),
+                    ('batch', cfg.batch), ('eval_batch', cfg.eval_batch)):
+        if not isinstance(v, int) or v < (0 if what == 'steps' else 1):
+            raise ValueError(f"{what} must be an integer >= "
+                             f"{0 if what == 'steps' else 1}, got {v!r}")
     threads = torch.get_num_threads(); torch.set_num_threads(cfg.threads)
     try:
         seed_everything(cfg.seed)
@@ -270,6 +321,10 @@ def main(argv=None) -> None:
                     help='with --check: torch threads for the retrain')
     a = ap.parse_args(argv)
     names = list(CHECKPOINTS) if a.all or not a.names else a.names
+    unknown = [k for k in names if k not in CHECKPOINTS]
+    if unknown:
+        ap.error(f"unknown checkpoint(s) {unknown}; choose from "
+                 f"{list(CHECKPOINTS)} or --all")
     if a.check: print(json.dumps(check_reproduction(names, a.threads)))
     else: train_all(names, a.out)
 
