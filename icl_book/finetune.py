@@ -34,7 +34,7 @@ class FinetuneConfig:
     n_query: int = 8             # test queries per task (loss curves)
     lr: Optional[float] = None   # explicit SGD step for `name`; None: grid
     plain_lr: Optional[float] = None   # the same for `plain`
-    lrs: tuple = (1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 0.1, 0.3, 1., 3.)  # η grid
+    lrs: tuple = (1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 0.1, 0.3, 1., 3.)  # η
     val_tasks: int = 128         # validation tasks for choosing η
     val_seed: int = 100          # their seed
     nulls: int = 20              # task derangements behind every null
@@ -61,7 +61,7 @@ def mlp_input(model, tokens: torch.Tensor) -> tuple:
     return h, blk.ln2(h)
 
 def output_from(model, h: torch.Tensor, pre: torch.Tensor) -> torch.Tensor:
-    "The prediction (...) from residual h (..., D) and pre-activation (..., H)."
+    "The prediction (...) from residual h (..., D), pre-activation (..., H)."
     blk = _one_block(model)
     if isinstance(model, PlainModel): return blk.mlp.rest(pre)[..., 0]
     return model.read_out(model.ln_f(h + blk.mlp.rest(pre)))[..., 0]
@@ -99,7 +99,7 @@ def explicit_sgd(model, p: Prompts, lr: float) -> Explicit:
     n = p.n
     if n < 1:
         raise ValueError("explicit SGD needs at least one context example; "
-                         "these prompts have n = 0 (sample them with n_ctx >= 1)")
+                         "these prompts have n = 0 (sample with n_ctx >= 1)")
     ctx, yc, queries = as_queries(p.X[:, :n]), p.y[:, :n], p.tokens[:, n:]
     B = ctx.shape[0]
     H, D = _one_block(model).mlp.W.shape
@@ -133,7 +133,8 @@ def prefix_patches(model, C: torch.Tensor, x: torch.Tensor) -> tuple:
 def implicit_steps(model, p: Prompts) -> Implicit:
     "Implicit increments and patched predictions at the first query of each task."
     _one_block(model); n = p.n
-    if n < 1: raise ValueError("prompts without context have no implicit steps")
+    if n < 1:
+        raise ValueError("prompts without context have no implicit steps")
     C, x = p.tokens[:, :n], p.tokens[:, n]          # (B, n, d+1), (B, d+1)
     with torch.no_grad():
         (u, v), db = prefix_patches(model, C, x)                # prefixes 1..n
@@ -190,7 +191,7 @@ def unit_factor_dots(P: RankOne, Q: RankOne) -> tuple:
     return (P.u * Q.u).sum(-1), (P.v * Q.v).sum(-1)
 
 def factor_cosines(P: RankOne, Q: RankOne) -> tuple:
-    "cos(u, u') and cos(v, v') of u vᵀ and u' v'ᵀ, per leading index (float64)."
+    "cos(u, u') and cos(v, v') of u vᵀ and u' v'ᵀ per leading index (float64)."
     return unit_factor_dots(unit_factors(P), unit_factors(Q))
 
 def rank1_cosine(P: RankOne, Q: RankOne) -> torch.Tensor:
@@ -256,7 +257,8 @@ def derangements(B: int, k: int, seed: int = 0) -> list:
         raise ValueError(f"a shuffled-task null pairs each task with another "
                          f"one and needs at least 3 tasks to have a spread; "
                          f"got {B}. Use more tasks.")
-    if k < 2: raise ValueError(f"need k >= 2 derangements for a spread, got {k}")
+    if k < 2:
+        raise ValueError(f"need k >= 2 derangements for a spread, got {k}")
     g = torch.Generator().manual_seed(seed)
     out = []
     while len(out) < k:                  # about 1 in e permutations qualifies
@@ -266,14 +268,13 @@ def derangements(B: int, k: int, seed: int = 0) -> list:
 
 def null_test(score, B: int, k: int = 20, seed: int = 0) -> dict:
     "Statistics score(perm) (m,) of the true pairing vs k task derangements."
+    # the null is the mean over derangements; z is nan where it has no spread
     s = torch.as_tensor(score(torch.arange(B)), dtype=torch.float64)
     s0 = torch.stack([torch.as_tensor(score(pm), dtype=torch.float64)
                       for pm in derangements(B, k, seed)])   # (k, m)
     mu, sd = s0.mean(0), s0.std(0)
-    if not (sd > 0).all():
-        raise ValueError("the null has no spread (every derangement gives "
-                         "the same statistic): use more tasks")
-    return dict(value=s, null=mu, null_sd=sd, z=(s - mu) / sd)
+    z = torch.where(sd > 0, (s - mu) / sd.clamp_min(1e-300), torch.nan)
+    return dict(value=s, null=mu, null_sd=sd, z=z)       # z undefined: nan
 
 # %% ../nbs/07_finetuning.ipynb #0fa51ac4
 def cosine_summary(cos, B: int, k: int = 20, seed: int = 0) -> dict:
@@ -311,7 +312,8 @@ def function_space(imp: Implicit, ex: Explicit, k: int, seed: int) -> dict:
                 sign_z=f('z', 1), df_implicit=dfi, df_explicit=dfe)
 
 # %% ../nbs/07_finetuning.ipynb #92cf5dd2
-def alignment(model, p: Prompts, lr: float, k: int = 20, seed: int = 0) -> dict:
+def alignment(model, p: Prompts, lr: float, k: int = 20,
+              seed: int = 0) -> dict:
     "Every alignment of implicit and explicit updates, each against its null."
     imp, q1, B = implicit_steps(model, p), p.n + 1, p.X.shape[0]
     ex = explicit_sgd(model, p._replace(X=p.X[:, :q1], y=p.y[:, :q1]), lr)
@@ -402,8 +404,8 @@ def stack_example_grads(model, tokens: torch.Tensor, y: torch.Tensor) -> list:
     H = model.blocks[0].mlp.W.shape[0]
     ins, dbs = [], [tokens.new_zeros(B * m, 1, H, requires_grad=True)
                     for _ in model.blocks]
-    hooks = [blk.mlp.register_forward_pre_hook(
-        lambda mod, args: ins.append(args[0].detach())) for blk in model.blocks]
+    record = lambda mod, args: ins.append(args[0].detach())  # MLP input
+    hooks = [blk.mlp.register_forward_pre_hook(record) for blk in model.blocks]
     try:
         with torch.enable_grad():
             f = model(tokens.reshape(B * m, 1, -1),
@@ -525,7 +527,7 @@ def plot_factors(runs: dict, layers):
                color='0.5', capsize=3, label='null ± 2 sd')
     c.plot(l, layers['median'], 'C0o-', ms=4, label='median cosine')
     c.axhline(0, color='k', lw=0.5)
-    c.set(xlabel='block $l$', ylabel=r'$\cos(D^{(l)}_i, -\nabla_{W_l}\ell_{i+1})$',
-          title='(c) attn10, layer by layer')
+    c.set(xlabel='block $l$', title='(c) attn10, layer by layer',
+          ylabel=r'$\cos(D^{(l)}_i, -\nabla_{W_l}\ell_{i+1})$')
     c.legend(fontsize=7); fig.tight_layout()
     return fig
