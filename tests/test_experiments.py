@@ -117,7 +117,11 @@ def test_checkpoint_loads_and_matches_its_log(name):
     assert rec['config']['name'] == name and rec['config']['steps'] == CHECKPOINTS[name].steps
     log = rec['log']
     assert log['step'][-1] == CHECKPOINTS[name].steps
-    assert log['test_ctx'][-1] < 0.1 * log['test_ctx'][0]        # it learned
+    # it learned; the block without residual or LayerNorm sees the query only
+    # through attention and plateaus near 0.66 (trials: d_model 64 or 128, lr
+    # 1e-3 to 5e-3, up to 6000 steps), about 8 times below its start
+    learned = 0.1 if CHECKPOINTS[name].arch == 'preln' else 0.2
+    assert log['test_ctx'][-1] < learned * log['test_ctx'][0]
     assert max(log['patch_err']) < 1e-4                           # patched = context
     assert not model.training
     assert len(model.blocks) == CHECKPOINTS[name].depth
@@ -164,16 +168,22 @@ def test_reproduce_equivalence():
 
 def test_reproduce_finetune_alignment():
     from icl_book.finetune import FinetuneConfig, reproduce_finetune_alignment
-    res = reproduce_finetune_alignment(FinetuneConfig(lr=0.003))  # skip η search
+    res = reproduce_finetune_alignment(FinetuneConfig(lr=0.003, plain_lr=1.0))  # skip η search
     json.dumps(res)
-    assert {'cosine_median', 'null_cosine_median'} <= set(res)
-    # minute but above the shuffled-task null; anti-aligned before training
-    assert 0 < res['cosine_median'] < 0.01 and res['z'] > 2
-    assert res['cosine_median'] > res['null_cosine_median']
+    assert {'cosine_median', 'null_cosine_median', 'z', 'untrained_z',
+            'plain_cosine_median', 'plain_null_cosine_median', 'plain_z',
+            'right_factor_cosine_median'} <= set(res)
+    # Pre-LN: minute, not above the shuffled-task null; anti-aligned untrained
+    assert abs(res['cosine_median']) < 0.01 and res['z'] < 3
     assert abs(res['null_cosine_median']) < 1e-3
     assert res['untrained_cosine_median'] < 0 and res['untrained_z'] < -5
     cands = res['candidates']
     assert cands['next_pred_grad']['z'] > 20 and cands['test_grad']['z'] > 5
+    # the paper's setting: not aligned either, although the right factors are
+    assert abs(res['plain_cosine_median']) < 0.05 and res['plain_z'] < 3
+    assert res['right_factor_rms'] >= 6 ** -0.5                   # rank <= d+1
+    assert res['right_factor_cosine_median'] > 0.3
+    assert res['plain_candidates']['test_grad']['z'] > 5
 
 
 def test_reproduce_rnn_convergence():
