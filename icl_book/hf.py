@@ -277,11 +277,11 @@ def context_patches(model, context_ids: torch.Tensor, query_ids: torch.Tensor,
         else float(min_norm) ** 2
 
     def block_pre(l, x):
-        win.reset(l); free[l] = dict(x=x, b=0.)
+        win.reset(l); free[l] = dict(x=x, b=0., h=[])
 
     def branch(l, k, b): free[l]['b'] = free[l]['b'] + b
 
-    def stream(l, h): free[l]['h'] = h           # the current window
+    def stream(l, h): free[l]['h'].append(h)     # whole, or chunk by chunk
 
     def first(l, j, a, y):                     # a, y: context-free
         w, wd = win.take(l, f'f{j}', a.shape[1]), _wide(a.dtype)
@@ -298,7 +298,7 @@ def context_patches(model, context_ids: torch.Tensor, query_ids: torch.Tensor,
     def residual(l, T):                         # δ over the current window
         w = win.take(l, 'delta', T)
         h = (free[l]['x'][:, w] + free[l]['b'][:, w] if fam.branch
-             else free[l]['h'])
+             else torch.cat(free[l]['h'], 1)[:, w])
         wd = _wide(h.dtype)
         return (ctx[l]['h'][:, w].to(wd) - h.to(wd)) / ad.scale
 
