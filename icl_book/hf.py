@@ -517,7 +517,7 @@ def patched(model, patches: HFPatch, inplace: bool = False):
                    post=post)
         yield model
 
-# %% ../nbs/11b_patches.ipynb #c03611b
+# %% ../nbs/11b_patches.ipynb #c03511b
 def _outputs(ad: Adapter, model, ids, **kw):
     "Every layer's output [(B, T, d)] * L and the model's output."
     outs = []
@@ -549,7 +549,7 @@ def patch_errors(model, context_ids, query_ids, mode: str = 'rank1',
                 output=err(out_p, out), unpatched=err(out_0, out),
                 numel=p.numel())
 
-# %% ../nbs/11b_patches.ipynb #c04011b
+# %% ../nbs/11b_patches.ipynb #c03711b
 def plot_layer_errors(rows) -> 'matplotlib.figure.Figure':
     "Figure: relative error per layer; a panel per model, a line per dtype."
     import matplotlib.pyplot as plt, pandas as pd
@@ -572,7 +572,7 @@ def plot_layer_errors(rows) -> 'matplotlib.figure.Figure':
     axes[0, 0].legend(fontsize=8); fig.tight_layout()
     return fig
 
-# %% ../nbs/11b_patches.ipynb #c04511b
+# %% ../nbs/11b_patches.ipynb #c04111b
 def _eos(model):
     "End-of-sequence ids and padding id of the model's generation config."
     gc = getattr(model, 'generation_config', None)
@@ -609,7 +609,7 @@ def generate_without_context(model, context_ids: torch.Tensor,
     out = q[:, query_ids.shape[1]:]
     return (out, torch.stack(logits, 1)) if return_logits else out
 
-# %% ../nbs/11b_patches.ipynb #c04911b
+# %% ../nbs/11b_patches.ipynb #c04611b
 def _frob_diff(P: RankOne, Q: Optional[RankOne] = None) -> torch.Tensor:
     "||u vᵀ - u' v'ᵀ||_F from the factors, in float64 (Q None: zero)."
     u, v = P.u.double(), P.v.double()
@@ -638,7 +638,7 @@ def token_updates(model, context_ids: torch.Tensor,
         prev = now
     return torch.stack(steps)                          # (n, L)
 
-# %% ../nbs/11b_patches.ipynb #c05311b
+# %% ../nbs/11b_patches.ipynb #c05011b
 def plot_token_updates(U: torch.Tensor, labels) -> 'matplotlib.figure.Figure':
     "Figure: heatmap of log10 ||ΔW step|| over context tokens × layers."
     import matplotlib.pyplot as plt
