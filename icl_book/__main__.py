@@ -65,6 +65,7 @@ def _add_verify(sub) -> None:
     v.add_argument('--seed', type=int, default=0)
     v.set_defaults(run=_verify)
 
+# %% ../nbs/12_cli.ipynb #36e7f023
 def _add_bench(sub) -> None:
     b = sub.add_parser('bench', help='side-by-side benchmarks')
     b.add_argument('what', choices=['trajectory', 'hf'])

@@ -61,7 +61,40 @@ class ContextualLayer(nn.Module):
         "The outputs at the query positions of [C, x] only (checked inputs)."
         return self.seq(torch.cat([C, x], 1))[:, C.shape[1]:]
 
-# %% ../nbs/01_contextual_blocks.ipynb #3ecbc35e
+# %% ../nbs/01_contextual_blocks.ipynb #1243f9b8
+def _visible(r: slice, n: int, shift, mask, device) -> torch.Tensor:
+    "Mask (..., rows r, keys :n): query s sees key j < s + shift, and `mask`."
+    m = torch.ones(r.stop - r.start, n, dtype=torch.bool, device=device)
+    if shift is not None:
+        s = torch.arange(r.start, r.stop, device=device)[:, None]
+        m = torch.arange(n, device=device)[None] < s + shift
+    if mask is not None:
+        mask = mask.to(device=device, dtype=torch.bool)[..., r, :n]
+        m = m & (mask[:, None] if mask.dim() == 3 else mask)
+    return m
+
+def _attend_chunks(mix, q, k, v, qv_self, shift, mask, budget) -> torch.Tensor:
+    "Heads q (B, h, S, d_h) attend to k, v (B, h, n, d_h) by chunks of rows."
+    (B, h, S, dh), n = q.shape, k.shape[2]
+    rows = max(1, budget // (B * h * (n + 1)))
+    out = q.new_empty(q.shape)          # filled in place: the heap stays flat
+    for r in (slice(a, min(S, a + rows)) for a in range(0, S, rows)):
+        see = n if shift is None else max(0, min(n, r.stop - 1 + shift))
+        qr, m = q[:, :, r], _visible(r, see, shift, mask, q.device)
+        if see == 1: sc = (qr * k[:, :, :1]).sum(-1, keepdim=True)  # no bmm
+        else: sc = qr @ k[:, :, :see].transpose(-1, -2)  # (B, h, r, see)
+        if qv_self is not None:                        # own key, last
+            ks, vs = (t[:, :, r] for t in qv_self)
+            sc = torch.cat([sc, (qr * ks).sum(-1, keepdim=True)], -1)
+            m = torch.cat([m.expand(*m.shape[:-1], see),
+                           m.new_ones(*m.shape[:-1], 1)], -1)
+        p = mix(sc.div_(math.sqrt(dh)), m)
+        o = (p[..., :1] * v[:, :, :1] if see == 1      # (B, h, r, d_h)
+             else p[..., :see] @ v[:, :, :see])
+        out[:, :, r] = o + p[..., see:] * vs if qv_self is not None else o
+    return out
+
+# %% ../nbs/01_contextual_blocks.ipynb #cde41116
 class Attention(ContextualLayer):
     "Shared projections and masking of softmax and linear self-attention."
     budget = 2 ** 22      # score entries per chunk of queries (32 MB, float64)
@@ -74,65 +107,33 @@ class Attention(ContextualLayer):
         self.d_in = self.d_out = d; self.heads, self.causal = heads, causal
         self.q, self.k, self.v, self.o = (nn.Linear(d, d, bias=bias)
                                           for _ in range(4))
-
     def mix(self, scores: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
-        "Attention weights from scores (..., S, T) where the mask m is True (may overwrite scores)."
+        "Attention weights from scores (..., S, T) where m is True (may overwrite scores)."
         raise NotImplementedError
-
     def _fused(self) -> bool: return False      # may attend use torch's SDPA?
-
     def _heads(self, t: torch.Tensor) -> torch.Tensor:
         B, T, d = t.shape                                  # -> (B, h, T, d_h)
         return t.view(B, T, self.heads, d // self.heads).transpose(1, 2)
-
-    def _visible(self, r: slice, n: int, shift, mask, device):
-        "Mask (..., rows r, keys :n): query s sees key j < s + shift, and `mask`."
-        m = torch.ones(r.stop - r.start, n, dtype=torch.bool, device=device)
-        if shift is not None:
-            s = torch.arange(r.start, r.stop, device=device)[:, None]
-            m = torch.arange(n, device=device)[None] < s + shift
-        if mask is not None:
-            mask = mask.to(device=device, dtype=torch.bool)[..., r, :n]
-            m = m & (mask[:, None] if mask.dim() == 3 else mask)
-        return m
-
     def attend(self, Zq, Zkv, shift=None, mask=None, with_self=False):
         "Zq (B, S, d) attends to Zkv (B, n, d) [+ itself]; chunked queries."
-        B, S, d = Zq.shape; n = Zkv.shape[1]
+        (B, S, d), n = Zq.shape, Zkv.shape[1]
         q = self._heads(self.q(Zq))                        # (B, h, S, d_h)
         k, v = self._heads(self.k(Zkv)), self._heads(self.v(Zkv))
         if self._fused() and mask is None and not with_self and (
                 shift is None or (shift == 1 and S == n)):  # torch's own kernel
             out = F.scaled_dot_product_attention(q, k, v, is_causal=shift == 1)
-            return self.o(out.transpose(1, 2).reshape(B, S, d))
-        if with_self: ks, vs = self._heads(self.k(Zq)), self._heads(self.v(Zq))
-        rows = max(1, self.budget // (B * self.heads * (n + 1)))
-        out = q.new_empty(q.shape)          # filled in place: the heap stays flat
-        for r in (slice(a, min(S, a + rows)) for a in range(0, S, rows)):
-            see = n if shift is None else max(0, min(n, r.stop - 1 + shift))
-            qr, m = q[:, :, r], self._visible(r, see, shift, mask, Zq.device)
-            if see == 1: sc = (qr * k[:, :, :1]).sum(-1, keepdim=True)  # no bmm
-            else: sc = qr @ k[:, :, :see].transpose(-1, -2)  # (B, h, r, see)
-            if with_self:                                  # own key, last
-                sc = torch.cat([sc, (qr * ks[:, :, r]).sum(-1, keepdim=True)], -1)
-                m = torch.cat([m.expand(*m.shape[:-1], see),
-                               m.new_ones(*m.shape[:-1], 1)], -1)
-            p = self.mix(sc.div_(math.sqrt(d // self.heads)), m)
-            o = (p[..., :1] * v[:, :, :1] if see == 1      # (B, h, r, d_h)
-                 else p[..., :see] @ v[:, :, :see])
-            out[:, :, r] = o + p[..., see:] * vs[:, :, r] if with_self else o
-        out = out.transpose(1, 2)                          # (B, S, h, d_h)
-        return self.o(out.reshape(B, S, d))
-
+        else:
+            own = ((self._heads(self.k(Zq)), self._heads(self.v(Zq)))
+                   if with_self else None)
+            out = _attend_chunks(self.mix, q, k, v, own, shift, mask, self.budget)
+        return self.o(out.transpose(1, 2).reshape(B, S, d))  # (B, S, d)
     def seq(self, Z, mask=None):
         Z = as_seq(Z, 'Z')
         causal = self.causal and mask is None              # a mask overrides
         return self.attend(Z, Z, shift=1 if causal else None, mask=mask)
-
     def at_queries(self, C, x):                 # only the q rows: O(n), not n²
-        n = C.shape[1]
         return self.attend(x, torch.cat([C, x], 1),
-                           shift=n + 1 if self.causal else None)
+                           shift=C.shape[1] + 1 if self.causal else None)
 
 # %% ../nbs/01_contextual_blocks.ipynb #8190a9fb
 class SoftmaxAttention(Attention):
@@ -196,9 +197,8 @@ class RankOne(NamedTuple):
 
     def flat(self) -> 'RankOne':
         "One u (H,), v (d,) from the factors of a single index (1, .., 1, .)."
-        if self.u[..., 0].numel() != 1:
-            raise ValueError(f"flat() needs one update, got factors "
-                             f"{tuple(self.u.shape)}; pick one index first")
+        if self.u[..., 0].numel() != 1: raise ValueError(
+            f"flat() needs one update, got {tuple(self.u.shape)}; pick one index")
         return RankOne(self.u.reshape(-1), self.v.reshape(-1))
 
     def inner(self, other: 'RankOne') -> torch.Tensor:
@@ -206,8 +206,7 @@ class RankOne(NamedTuple):
         u, v, u2, v2 = (t.double() for t in (*self, *other))
         return (u * u2).sum(-1) * (v * v2).sum(-1)
 
-    def norm(self) -> torch.Tensor:
-        "||u vᵀ||_F = ||u|| ||v|| per index, in float64."
+    def norm(self) -> torch.Tensor:      # ||u vᵀ||_F = ||u|| ||v||, float64
         return self.u.double().norm(dim=-1) * self.v.double().norm(dim=-1)
 
     def diff_norm(self, other: 'RankOne') -> torch.Tensor:
@@ -218,7 +217,6 @@ class RankOne(NamedTuple):
               + (u2 * u2).sum(-1) * (dv * dv).sum(-1)
               + 2 * (du * u2).sum(-1) * (v * dv).sum(-1))
         return sq.clamp_min(0).sqrt()
-
     def cosine(self, other: 'RankOne') -> torch.Tensor:
         "<P, Q>_F / (||P|| ||Q||) per index; 0 where either is zero."
         den = self.norm() * other.norm()
@@ -260,16 +258,20 @@ def apply_update(dW, z: torch.Tensor, H: Optional[int] = None) -> torch.Tensor:
 ACTS = {'gelu': F.gelu, 'relu': F.relu, 'tanh': torch.tanh,      # f_θ's
         'gelu_tanh': lambda z: F.gelu(z, approximate='tanh')}
 
+def _check_mlp(d_in, d_hidden, d_out, depth, act) -> None:
+    "Raise ValueError for a non-positive size, depth < 2 or an unknown act."
+    for name, v in dict(d_in=d_in, d_hidden=d_hidden, depth=depth).items():
+        check_int(name, v, 2 if name == 'depth' else 1)
+    if d_out is not None: check_int('d_out', d_out)
+    if act not in ACTS: raise ValueError(f"act must be one of {sorted(ACTS)}")
+
 # %% ../nbs/01_contextual_blocks.ipynb #23b50df2
 class MLP(nn.Module):
     "M_W(z) = f_θ(W z + b): a first dense layer (W, b), then the rest."
     def __init__(self, d_in: int, d_hidden: int, d_out: Optional[int] = None,
                  depth: int = 2, act: str = 'gelu'):
         super().__init__()
-        for name, v in dict(d_in=d_in, d_hidden=d_hidden, depth=depth).items():
-            check_int(name, v, 2 if name == 'depth' else 1)
-        if d_out is not None: check_int('d_out', d_out)
-        if act not in ACTS: raise ValueError(f"act must be one of {sorted(ACTS)}")
+        _check_mlp(d_in, d_hidden, d_out, depth, act)
         dims = [d_in] + [d_hidden] * (depth - 1) + [d_out or d_in]
         self.layers = nn.ModuleList(nn.Linear(a, b) for a, b in zip(dims, dims[1:]))
         self.act = act
@@ -299,7 +301,6 @@ class MLP(nn.Module):
         last = self.layers[-1]
         out = last(h) + apply_update(dW_out, h, last.weight.shape[0])
         return out if db_out is None else out + db_out
-
     def forward(self, z, dW=None, dW_out=None, db_out=None,
                 db=None) -> torch.Tensor:
         "M_{W+ΔW}(z); updates of W, b and of the last weight and bias optional."

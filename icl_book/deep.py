@@ -134,8 +134,7 @@ class TinyLM(nn.Module):
         self.stack = PreLNStack(replace(cfg, d_out=cfg.vocab))  # LM head
         self.to(resolve_dtype(cfg.dtype))
 
-    @property
-    def blocks(self) -> nn.ModuleList: return self.stack.blocks
+    blocks = property(lambda self: self.stack.blocks)   # the Pre-LN blocks
 
     def embed(self, tokens: torch.Tensor, start: int = 0) -> torch.Tensor:
         "Token ids (B, T) at positions start.. -> residual stream (B, T, d)."
@@ -237,6 +236,17 @@ def _held_start(model, start: int):
     try: yield
     finally: object.__delattr__(model, '_patch_start')
 
+@contextmanager
+def _written(patch, blocks, model):
+    "The patch's one-position factors added to the model's weights, restored after."
+    edits = _inplace_edits(blocks, patch.layers)
+    with ExitStack() as stack:
+        for weight, dW in edits:
+            stack.enter_context(patched_weights(weight, dW))
+        stack.enter_context(_held_start(model, patch.start))
+        yield model
+
+# %% ../nbs/03_deep.ipynb #3e80ed90
 def _check_fit(patch, model, x=None) -> nn.ModuleList:
     "The model's blocks, if `patch` fits the model and the query x."
     blocks = _model_blocks(model)
@@ -292,12 +302,7 @@ class DeepPatch:
                 f"in-place patching writes one matrix per layer, so it needs "
                 f"the patch of one query token of one sequence; this one has "
                 f"(B, q) = {self.shape}. Use patch.apply(model, x) instead.")
-        edits = _inplace_edits(blocks, self.layers)
-        with ExitStack() as stack:
-            for weight, dW in edits:
-                stack.enter_context(patched_weights(weight, dW))
-            stack.enter_context(_held_start(model, self.start))
-            yield model
+        with _written(self, blocks, model): yield model
 
 # %% ../nbs/03_deep.ipynb #1b5b28e8
 def context_patches(model, C: torch.Tensor, x: torch.Tensor,

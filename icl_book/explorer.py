@@ -290,25 +290,9 @@ def _controls(widgets, s: dict) -> dict:
                               layout=widgets.Layout(width='140px')))
 
 # %% ../nbs/13_explorer.ipynb #06e3871c
-def explorer(**start):
-    "The interactive explorer (ipywidgets): controls, numbers and figure."
-    try: import ipywidgets as widgets
-    except ImportError as e:
-        raise ImportError("explorer() needs ipywidgets: pip install "
-                          "ipywidgets (or icl_book[dev])") from e
-    s = {**DEFAULTS, **start}
-    unknown = sorted(set(s) - set(DEFAULTS))
-    if unknown:
-        raise TypeError(f"unknown settings {unknown}; explorer takes "
-                        f"{sorted(DEFAULTS)}")
-    _check_setting(s['kind'], s['depth'], s['n'])
-    if s['depth'] > LIMITS['depth'] or s['n'] > LIMITS['n']:
-        raise ValueError(f"the explorer's sliders go to depth "
-                         f"{LIMITS['depth']} and n {LIMITS['n']}; call "
-                         "explore(...) directly for larger settings")
-    chunk_positions(s['chunk'], s['n'], s['k'], s['depth'], s['seed'])
-    ctl, out, info, busy = _controls(widgets, s), widgets.Output(), widgets.HTML(), [False]
-
+def _updater(ctl: dict, out, info):
+    "The callback that keeps the controls consistent and redraws."
+    busy = [False]
     def update(change=None):
         if busy[0]: return               # a control moved by this callback
         busy[0] = True
@@ -328,10 +312,32 @@ def explorer(**start):
         except ValueError as e:
             info.value = f"<b>Not shown:</b> {html.escape(str(e))}"
         finally: busy[0] = False
+    return update
 
+# %% ../nbs/13_explorer.ipynb #d509ea32
+def explorer(**start):
+    "The interactive explorer (ipywidgets): controls, numbers and figure."
+    try: import ipywidgets as widgets
+    except ImportError as e:
+        raise ImportError("explorer() needs ipywidgets: pip install "
+                          "ipywidgets (or icl_book[dev])") from e
+    s = {**DEFAULTS, **start}
+    unknown = sorted(set(s) - set(DEFAULTS))
+    if unknown:
+        raise TypeError(f"unknown settings {unknown}; explorer takes "
+                        f"{sorted(DEFAULTS)}")
+    _check_setting(s['kind'], s['depth'], s['n'])
+    if s['depth'] > LIMITS['depth'] or s['n'] > LIMITS['n']:
+        raise ValueError(f"the explorer's sliders go to depth "
+                         f"{LIMITS['depth']} and n {LIMITS['n']}; call "
+                         "explore(...) directly for larger settings")
+    chunk_positions(s['chunk'], s['n'], s['k'], s['depth'], s['seed'])
+    ctl, out, info = _controls(widgets, s), widgets.Output(), widgets.HTML()
+    update = _updater(ctl, out, info)
     for c in ctl.values(): c.observe(update, 'value')
     update()
-    box = widgets.VBox([widgets.HBox([ctl['kind'], ctl['depth'], ctl['n']]),
-                  widgets.HBox([ctl['chunk'], ctl['k'], ctl['seed']]), info, out])
+    rows = [widgets.HBox([ctl[k] for k in ('kind', 'depth', 'n')]),
+            widgets.HBox([ctl[k] for k in ('chunk', 'k', 'seed')]), info, out]
+    box = widgets.VBox(rows)
     box.controls, box.output, box.info = ctl, out, info
     return box
