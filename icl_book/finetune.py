@@ -327,6 +327,7 @@ def alignment(model, p: Prompts, lr: float, k: int = 20,
     G = cands['example_grad']
     fns['left_factor'] = lambda pm: dots('example_grad', pm)[0]
     fns['right_factor'] = lambda pm: dots('example_grad', pm)[1]
+    fns['left_factor_abs'] = lambda pm: dots('example_grad', pm)[0].abs()
     summary = {c: cosine_summary(f, B, k, seed) for c, f in fns.items()}
     cv = fns['right_factor'](torch.arange(B))
     summary['right_factor'].update(
