@@ -21,7 +21,9 @@ from .weights import (INSTALL, WHEELS, cache_dir, load_pretrained,
 
 _MOVED = ('pad_batch', 'prompt_states', 'fit_thought_patch', 'ThoughtPatch',
           'thought_patched', 'teacher_forced', 'compression_metrics',
-          'CompressionConfig', 'THOUGHT_KINDS')
+          'CompressionConfig', 'THOUGHT_KINDS', 'capitals', '_hook_all',
+          '_split_first', '_last_add', '_after', '_free_inputs', '_ridge')
+_arch = adapter                  # the private name before the split
 
 def __getattr__(name: str):
     "Prompt compression moved to icl_book.compression; old imports still work."
