@@ -687,6 +687,8 @@ def bench_hf(context: int = 128, query: int = 1, repeats: int = 5,
         model = tiny_model(arch, 'float32', seed, layers=30, d=576,
                            vocab=49152, intermediate_size=1536,
                            num_attention_heads=9,
+                           max_position_embeddings=max(130, context + query
+                                                       + 2),
                            **({'num_key_value_heads': 3}
                               if arch not in _NO_KV else {}))
         name = f"random {arch} (SmolLM2's size)"
