@@ -236,6 +236,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
             'icl_book.families': { 'icl_book.families.Adapter': ('families.html#adapter', 'icl_book/families.py'),
                                    'icl_book.families.Family': ('families.html#family', 'icl_book/families.py'),
                                    'icl_book.families.Layer': ('families.html#layer', 'icl_book/families.py'),
+                                   'icl_book.families.Layer.norm': ('families.html#layer.norm', 'icl_book/families.py'),
                                    'icl_book.families._dtype': ('families.html#_dtype', 'icl_book/families.py'),
                                    'icl_book.families._get': ('families.html#_get', 'icl_book/families.py'),
                                    'icl_book.families._linear': ('families.html#_linear', 'icl_book/families.py'),

@@ -16,7 +16,7 @@ __all__ = ['PATTERNS', 'FAMILIES', 'SUPPORTED', 'TINY_ARCHS', 'Family', 'tiny_mo
 # %% ../nbs/11a_families.ipynb #c00511a
 class Family(NamedTuple):
     "Where one transformer family keeps what the patch touches, as data."
-    name: str                 # our name of the family (its config's model_type)
+    name: str                 # our name (its config's model_type)
     pattern: str              # structural pattern (a key of PATTERNS)
     layers: str               # base-model path of the list of blocks
     first: tuple              # block paths of the maps reading the MLP input a
@@ -38,7 +38,7 @@ PATTERNS = {
     'pre-norm': "pre-norm, sequential: h = x + A(N1 x), out = h + M(N2 h)",
     'post-LN': "post-LN: h = N1(x + A(x)), out = N2(h + M(h))",
     'parallel': "parallel: out = x + A(N x) + M(N' x)",
-    'post-norm': "norm after the MLP: out = h + N3(M(N2 h)) (N2 may be absent)",
+    'post-norm': "norm after the MLP: out = h + N3(M(N2 h)), N2 optional",
 }
 
 # %% ../nbs/11a_families.ipynb #c00711a
@@ -193,6 +193,11 @@ class Layer(NamedTuple):
     branch: tuple              # parallel: the other branches
     post: Optional[nn.Module]  # norm after the MLP, or None
 
+    @property
+    def norm(self) -> Optional[nn.Module]:
+        "The module reading h (the name used before the split)."
+        return self.stream
+
 class Adapter(NamedTuple):
     "A family's description resolved on one model."
     family: Family
@@ -225,7 +230,8 @@ def _weight(m: nn.Module) -> torch.Tensor:
 def supported() -> dict:
     "{model_type: [family names]} of every described family."
     out = {}
-    for f in FAMILIES: out.setdefault(f.model_type or f.name, []).append(f.name)
+    for f in FAMILIES:
+        out.setdefault(f.model_type or f.name, []).append(f.name)
     return out
 
 def find_family(config) -> Family:

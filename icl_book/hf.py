@@ -21,7 +21,9 @@ from .weights import (INSTALL, WHEELS, cache_dir, load_pretrained,
 
 _MOVED = ('pad_batch', 'prompt_states', 'fit_thought_patch', 'ThoughtPatch',
           'thought_patched', 'teacher_forced', 'compression_metrics',
-          'CompressionConfig', 'THOUGHT_KINDS')
+          'CompressionConfig', 'THOUGHT_KINDS', 'capitals', '_hook_all',
+          '_split_first', '_last_add', '_after', '_free_inputs', '_ridge')
+_arch = adapter                  # the private name before the split
 
 def __getattr__(name: str):
     "Prompt compression moved to icl_book.compression; old imports still work."
@@ -685,6 +687,8 @@ def bench_hf(context: int = 128, query: int = 1, repeats: int = 5,
         model = tiny_model(arch, 'float32', seed, layers=30, d=576,
                            vocab=49152, intermediate_size=1536,
                            num_attention_heads=9,
+                           max_position_embeddings=max(130, context + query
+                                                       + 2),
                            **({'num_key_value_heads': 3}
                               if arch not in _NO_KV else {}))
         name = f"random {arch} (SmolLM2's size)"
