@@ -311,7 +311,6 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                              'icl_book.hf._check_patch': ('patches.html#_check_patch', 'icl_book/hf.py'),
                              'icl_book.hf._dtype': ('patches.html#_dtype', 'icl_book/hf.py'),
                              'icl_book.hf._eos': ('patches.html#_eos', 'icl_book/hf.py'),
-                             'icl_book.hf._frob_diff': ('patches.html#_frob_diff', 'icl_book/hf.py'),
                              'icl_book.hf._hooks': ('patches.html#_hooks', 'icl_book/hf.py'),
                              'icl_book.hf._is_ids': ('patches.html#_is_ids', 'icl_book/hf.py'),
                              'icl_book.hf._layer_err': ('patches.html#_layer_err', 'icl_book/hf.py'),

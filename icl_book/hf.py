@@ -12,7 +12,7 @@ import torch
 from torch import nn
 from .core import check_same, rel_err
 from .blocks import RankOne
-from .deep import MODES
+from .deep import PATCH_MODES
 from .patch import patched_weights
 from .families import (Adapter, FAMILIES, SUPPORTED, TINY_ARCHS,
                                adapter, supported, tiny_model)
@@ -265,8 +265,8 @@ def context_patches(model, context_ids: torch.Tensor, query_ids: torch.Tensor,
                     check: bool = True) -> HFPatch:
     "Per-layer, per-position patches making the query alone act as [C, x]."
     ad = _check_model(model)
-    if mode not in MODES:
-        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+    if mode not in PATCH_MODES:
+        raise ValueError(f"mode must be one of {PATCH_MODES}, got {mode!r}")
     _check_ids(ad, model, context_ids=context_ids, query_ids=query_ids)
     (B, n), q = context_ids.shape, query_ids.shape[1]
     _check_length(model, ad, n, q)
@@ -447,7 +447,7 @@ def _write_weights(st: ExitStack, ad: Adapter, patches: HFPatch) -> None:
         if param.device.type == 'meta':
             raise ValueError("inplace=True cannot write into offloaded "
                              "weights: use the default inplace=False")
-        st.enter_context(patched_weights(param, upd.to(param.dtype)))
+        st.enter_context(patched_weights(param, upd.detach().to(param.dtype)))
 
     for lay, p in zip(ad.layers, patches.layers):
         edits = list(zip(lay.first, p.dW))
@@ -612,16 +612,6 @@ def generate_without_context(model, context_ids: torch.Tensor,
     return (out, torch.stack(logits, 1)) if return_logits else out
 
 # %% ../nbs/11b_patches.ipynb #c04611b
-def _frob_diff(P: RankOne, Q: Optional[RankOne] = None) -> torch.Tensor:
-    "||u vᵀ - u' v'ᵀ||_F from the factors, in float64 (Q None: zero)."
-    u, v = P.u.double(), P.v.double()
-    sq = (u * u).sum(-1) * (v * v).sum(-1)
-    if Q is not None:
-        u2, v2 = Q.u.double(), Q.v.double()
-        sq = (sq + (u2 * u2).sum(-1) * (v2 * v2).sum(-1)
-              - 2 * (u * u2).sum(-1) * (v * v2).sum(-1))
-    return sq.clamp_min(0).sqrt()
-
 def token_updates(model, context_ids: torch.Tensor,
                   query_ids: torch.Tensor) -> torch.Tensor:
     "(n, L): ||ΔW(c_1..i) - ΔW(c_1..i-1)||_F per context token and layer."
@@ -634,8 +624,8 @@ def token_updates(model, context_ids: torch.Tensor,
         now = [[RankOne(r.u[0, -1], r.v[0, -1]) for r in lay.dW]
                for lay in p.layers]                   # last query token
         steps.append(torch.stack([                    # all first matrices
-            sum(_frob_diff(P, Q) ** 2 for P, Q in
-                zip(Ps, Qs if prev else [None] * len(Ps))).sqrt()
+            sum((P.diff_norm(Q) if prev else P.norm()) ** 2
+                for P, Q in zip(Ps, Qs)).sqrt()
             for Ps, Qs in zip(now, prev or now)]))
         prev = now
     return torch.stack(steps)                          # (n, L)

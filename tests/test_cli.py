@@ -62,7 +62,13 @@ def test_reproduce_prints_the_claims_numbers(claim, keys):
         assert res["attention_late_over_early"] < 0.5 * min(res["gru_late_over_early"],
                                                           res["lstm_late_over_early"])
     if claim == "finetune-alignment":
-        assert res["cosine_median"] > res["null_cosine_median"]
+        # chapter 07: the examples' own gradients are not aligned with the
+        # implicit increments; the right factors sit at their predicted size
+        assert abs(res["cosine_median"]) < 0.01
+        for k in ("plain_cosine_median", "plain_null_cosine_median", "plain_z",
+                  "right_factor_cosine_median"):
+            assert isinstance(res[k], float) and res[k] == res[k], k
+        assert abs(res["right_factor_rms"] - res["right_factor_bound"]) < 0.05
     if claim == "thought-patch":
         assert len(res["K"]) == len(res["train_err"]) == len(res["test_err"])
         assert res["K"] == sorted(res["K"]) and res["test_err"][-1] < res["no_patch_err"]
