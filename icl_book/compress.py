@@ -83,7 +83,7 @@ class CompressConfig:
     template: str = TEMPLATE    # one demonstration; the query ends before it
     lam: float = 0.1            # thought patch: ridge, relative
     variants: tuple = ('lstsq_out', 'lstsq_out r1', 'lstsq_out r8',
-                       'lstsq_out ridge 1', 'lstsq', 'lstsq r8', 'first')
+                       'lstsq_out ridge 1', 'lstsq', 'first')
     heads: int = 10             # function vector: heads summed (Todd: 10)
     n_aie: int = 8              # function vector: corrupted prompts for AIE
     stride: int = 1             # candidate layers of the vectors: every k-th
@@ -403,13 +403,17 @@ def _stored(tp: ThoughtPatch, rank: Optional[int] = None) -> int:
     return n + sum(t.numel() for t in tp.beta + tp.delta if t is not None)
 
 def fit_variant(model, P, split: Split, name: str, states: dict,
-                lam: float = 0.1) -> ThoughtPatch:
-    "The thought-patch variant `name` of VARIANTS, fitted on `split`."
+                lam: float = 0.1, fits: Optional[dict] = None) -> ThoughtPatch:
+    "The thought-patch variant `name` of VARIANTS, fitted on `split`; `fits` caches fits shared by variants."
     if name not in VARIANTS:
         raise ValueError(f"unknown variant {name!r}; known: {list(VARIANTS)}")
     kind, rank, ridge, first = VARIANTS[name]
-    tp = fit_thought_patch(model, P, split.ids, split.mask, kind, rank,
-                           lam if ridge is None else ridge, 1, states)
+    key, fits = (kind, rank, lam if ridge is None else ridge), (
+        {} if fits is None else fits)
+    if key not in fits:
+        fits[key] = fit_thought_patch(model, P, split.ids, split.mask, kind,
+                                      rank, key[2], 1, states)
+    tp = fits[key]
     if first:
         L = len(tp.M)
         tp = ThoughtPatch(tp.M, tp.beta, [None] * L, [None] * L)
@@ -588,9 +592,9 @@ def evaluate(model, tok, task, cfg: CompressConfig = None,
         t0 = time.perf_counter()
         want = (names if 'thought_patch' in methods else []) + (
             ['thought vector'] if 'thought_vector' in methods else [])
-        var = {}
+        var, fits = {}, {}
         for name in want:
-            tp = fit_variant(model, P, td.cal, name, S, cfg.lam)
+            tp = fit_variant(model, P, td.cal, name, S, cfg.lam, fits)
             lpv = teacher_forced(model, P, vids, tp, keep=1)[vrows, td.val.last]
             rank = VARIANTS[name][1]
             c = Compressed('thought_patch', name, patch=tp, rank=rank,
