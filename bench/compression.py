@@ -1,7 +1,7 @@
 """Prompt compression on SmolLM2: every method on the nine tasks, several seeds.
 
 Usage (what made bench/compression.jsonl, about 1 min per task and seed on
-one thread):
+one free thread, several with the CPU shared):
     OMP_NUM_THREADS=1 python bench/compression.py --seeds 0 1 2 \
         --out bench/compression.jsonl
 One JSON line per task and seed: the result dict of icl_book.compress.evaluate
@@ -20,9 +20,9 @@ import torch
 from icl_book.compress import TASKS, CompressConfig, evaluate
 from icl_book.hf import load_pretrained
 
-# every variant but two close cousins (ridge 0.01, lstsq r8), for time
-BENCH_VARIANTS = ("lstsq_out", "lstsq_out r1", "lstsq_out r8",
-                  "lstsq_out ridge 1", "lstsq", "first", "thought vector")
+# every variant of CompressConfig (three full-rank fits, ranks by SVD
+# truncation) and the bias-only thought vector
+BENCH_VARIANTS = CompressConfig.variants + ("thought vector",)
 
 if __name__ == "__main__":
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])

@@ -18,8 +18,8 @@ from .hf import (_arch, _check_model, _hook_all, _split_first,
 # %% auto #0
 __all__ = ['TASKS', 'TEMPLATE', 'VARIANTS', 'METHODS', 'task_file', 'load_task', 'CompressConfig', 'Split', 'TaskData',
            'demo_text', 'encode_task', 'icl_logprobs', 'icl_states', 'stream_edit', 'free_logprobs', 'pick_layer',
-           'head_effects', 'function_vector', 'fit_variant', 'Compressed', 'evaluate', 'compress', 'run_compress',
-           'add_compress_parser', 'read_bench', 'plot_methods', 'plot_storage']
+           'head_effects', 'function_vector', 'truncate', 'fit_variant', 'Compressed', 'evaluate', 'compress',
+           'run_compress', 'add_compress_parser', 'read_bench', 'plot_methods', 'plot_storage']
 
 # %% ../nbs/11d_compression.ipynb #e3aedd5c
 TASKS = ('antonym', 'capitalize', 'country-capital', 'english-french',
@@ -83,7 +83,7 @@ class CompressConfig:
     template: str = TEMPLATE    # one demonstration; the query ends before it
     lam: float = 0.1            # thought patch: ridge, relative
     variants: tuple = ('lstsq_out', 'lstsq_out r1', 'lstsq_out r8',
-                       'lstsq_out ridge 1', 'lstsq', 'first')
+                       'lstsq_out ridge 1', 'lstsq', 'lstsq r8', 'first')
     heads: int = 10             # function vector: heads summed (Todd: 10)
     n_aie: int = 8              # function vector: corrupted prompts for AIE
     stride: int = 1             # candidate layers of the vectors: every k-th
@@ -402,18 +402,27 @@ def _stored(tp: ThoughtPatch, rank: Optional[int] = None) -> int:
                 M.numel(), rank * sum(M.shape))
     return n + sum(t.numel() for t in tp.beta + tp.delta if t is not None)
 
+def truncate(tp: ThoughtPatch, rank: int) -> ThoughtPatch:
+    "tp with every matrix replaced by its best rank-`rank` approximation."
+    def cut(M):
+        if M is None or rank >= min(M.shape): return M
+        U, s, Vh = torch.linalg.svd(M, full_matrices=False)
+        return (U[:, :rank] * s[:rank]) @ Vh[:rank]          # Eckart-Young
+    return ThoughtPatch([cut(M) for M in tp.M], tp.beta,
+                        [cut(M) for M in tp.M_out], tp.delta)
+
 def fit_variant(model, P, split: Split, name: str, states: dict,
                 lam: float = 0.1, fits: Optional[dict] = None) -> ThoughtPatch:
-    "The thought-patch variant `name` of VARIANTS, fitted on `split`; `fits` caches fits shared by variants."
+    "The thought-patch variant `name` of VARIANTS, fitted on `split`; `fits` caches the full-rank fits variants share."
     if name not in VARIANTS:
         raise ValueError(f"unknown variant {name!r}; known: {list(VARIANTS)}")
     kind, rank, ridge, first = VARIANTS[name]
-    key, fits = (kind, rank, lam if ridge is None else ridge), (
+    key, fits = (kind, lam if ridge is None else ridge), (
         {} if fits is None else fits)
     if key not in fits:
         fits[key] = fit_thought_patch(model, P, split.ids, split.mask, kind,
-                                      rank, key[2], 1, states)
-    tp = fits[key]
+                                      None, key[1], 1, states)
+    tp = fits[key] if rank is None else truncate(fits[key], rank)
     if first:
         L = len(tp.M)
         tp = ThoughtPatch(tp.M, tp.beta, [None] * L, [None] * L)
