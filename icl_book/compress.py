@@ -74,7 +74,7 @@ def load_task(task) -> list:
 # %% ../nbs/11d_compression.ipynb #19388530
 @dataclass
 class CompressConfig:
-    "The compression protocol: demonstrations, splits, and each method's knobs."
+    "The protocol: demonstrations, splits, and each method's knobs."
     shots: int = 10             # demonstrations in the in-context prompt
     n_cal: int = 64             # calibration queries (means, fits)
     n_val: int = 16             # validation queries (layers, variants)
@@ -206,7 +206,8 @@ def icl_logprobs(model, P, ids, cache=None) -> torch.Tensor:
     "Log-probs (K, T, V) along ids (K, T) after the prompt P (1, n)."
     cache = _cache(model, P) if cache is None else cache
     with torch.no_grad():
-        return _after_prompt(model, P.shape[1], cache, ids).logits.log_softmax(-1)
+        out = _after_prompt(model, P.shape[1], cache, ids)
+    return out.logits.log_softmax(-1)
 
 # %% ../nbs/11d_compression.ipynb #07a6831a
 def _out(o):
@@ -226,7 +227,7 @@ def _heads(model):
     return [lay.block.self_attn.o_proj for lay in arch.layers], nh, dh
 
 def icl_states(model, P, split: Split, cache=None) -> dict:
-    "Calibration run after P: prompt_states' dict plus out, z at the last token."
+    "Run after P: prompt_states' dict, plus out and z at the last token."
     arch = _check_model(model)
     cache = _cache(model, P) if cache is None else cache
     L, K = len(arch.layers), split.ids.shape[0]
@@ -259,7 +260,8 @@ def icl_states(model, P, split: Split, cache=None) -> dict:
 @contextmanager
 def stream_edit(model, layer: int, vec: torch.Tensor, mode: str = 'replace',
                 at: Optional[torch.Tensor] = None):
-    "Inside, the stream after `layer` at positions at (K,) is replaced by or added vec (d,); at None: the last position of a call without cache."
+    "Replace or add to the stream after `layer` at (K,) positions `at`."
+    # at None: the last position of a call without a cache (generation)
     if mode not in ('replace', 'add'):
         raise ValueError(f"mode must be 'replace' or 'add', got {mode!r}")
     arch = _check_model(model)
@@ -290,7 +292,8 @@ def stream_edit(model, layer: int, vec: torch.Tensor, mode: str = 'replace',
         yield model
 
 def free_logprobs(model, start: int, ids, edit=None) -> torch.Tensor:
-    "Log-probs (K, T, V) along ids after the start token alone; edit: (layer, vec, mode, at)."
+    "Log-probs (K, T, V) along ids after the start token alone."
+    # edit: (layer, vec (d,), 'replace' | 'add', positions (K,) in ids)
     K = ids.shape[0]
     x = torch.cat([torch.full((K, 1), start, dtype=ids.dtype,
                               device=ids.device), ids], 1)
@@ -339,7 +342,7 @@ def _shuffled(tok, td: TaskData, template: str, i: int, g):
 
 @contextmanager
 def _head_patch(o_projs, nh, dh, layer_of, head_of, zbar):
-    "Row r sets head head_of[r] of layer layer_of[r] to zbar at the last token."
+    "Row r: head head_of[r] of layer layer_of[r] set to zbar, last token."
     def hook(m, args, l):
         idx = (layer_of == l).nonzero().flatten()
         if len(idx) == 0: return None
@@ -413,7 +416,8 @@ def truncate(tp: ThoughtPatch, rank: int) -> ThoughtPatch:
 
 def fit_variant(model, P, split: Split, name: str, states: dict,
                 lam: float = 0.1, fits: Optional[dict] = None) -> ThoughtPatch:
-    "The thought-patch variant `name` of VARIANTS, fitted on `split`; `fits` caches the full-rank fits variants share."
+    "The thought-patch variant `name` of VARIANTS, fitted on `split`."
+    # fits: a cache of the full-rank fits that variants share
     if name not in VARIANTS:
         raise ValueError(f"unknown variant {name!r}; known: {list(VARIANTS)}")
     kind, rank, ridge, first = VARIANTS[name]
@@ -432,7 +436,7 @@ def fit_variant(model, P, split: Split, name: str, states: dict,
 @dataclass
 class Compressed:
     "A prompt compressed by one method; `with c.applied(model):` runs it."
-    method: str                        # task_vector, function_vector, thought_patch
+    method: str              # task_vector, function_vector, thought_patch
     kind: str = ''                     # the thought-patch variant
     layer: Optional[int] = None        # where a vector acts
     vector: Optional[torch.Tensor] = None      # (d,)
@@ -451,7 +455,8 @@ class Compressed:
     def query_ids(self, tok, x: str) -> torch.Tensor:
         "(1, T): the start token and the query for input x, to generate from."
         q, _ = _template(self.template)
-        return torch.tensor([[self.start] + _ids(tok, q.replace('{input}', x))])
+        ids = _ids(tok, q.replace('{input}', x))
+        return torch.tensor([[self.start] + ids])
 
 # %% ../nbs/11d_compression.ipynb #d6e52984
 @contextmanager
@@ -540,10 +545,11 @@ def _task_name(task) -> str:
 # %% ../nbs/11d_compression.ipynb #e6bd5496
 def evaluate(model, tok, task, cfg: CompressConfig = None,
              methods=METHODS) -> tuple:
-    "Every method under one protocol on `task`: (results dict, {method: Compressed})."
+    "Every method under one protocol: (results, {method: Compressed})."
     cfg = cfg or CompressConfig()
     bad = set(methods) - set(METHODS)
-    if bad: raise ValueError(f"unknown methods {sorted(bad)}; known: {METHODS}")
+    if bad:
+        raise ValueError(f"unknown methods {sorted(bad)}; known: {METHODS}")
     arch = _check_model(model)
     td = encode_task(tok, task, cfg)
     P, L, d = td.prompt, len(arch.layers), model.config.hidden_size
@@ -577,7 +583,8 @@ def evaluate(model, tok, task, cfg: CompressConfig = None,
             'task_vector', layer=l, vector=theta[l], start=td.start,
             template=cfg.template, info=dict(val={k: v[0] for k, v in
                                                   sc.items()}))
-        res['task_vector_layer'], secs['task_vector'] = l, time.perf_counter() - t0
+        res['task_vector_layer'] = l
+        secs['task_vector'] = time.perf_counter() - t0
     if 'function_vector' in methods:
         t0 = time.perf_counter()
         _, nh, dh = _heads(model)
@@ -604,7 +611,8 @@ def evaluate(model, tok, task, cfg: CompressConfig = None,
         var, fits = {}, {}
         for name in want:
             tp = fit_variant(model, P, td.cal, name, S, cfg.lam, fits)
-            lpv = teacher_forced(model, P, vids, tp, keep=1)[vrows, td.val.last]
+            lpv = teacher_forced(model, P, vids, tp, keep=1)[
+                vrows, td.val.last]
             rank = VARIANTS[name][1]
             c = Compressed('thought_patch', name, patch=tp, rank=rank,
                            shift=P.shape[1] - 1, start=td.start,
