@@ -728,12 +728,13 @@ def plot_storage(rows) -> 'matplotlib.figure.Figure':
         for k, v in r.get('variants', {}).items():
             pts.setdefault(f'patch: {k}', []).append(
                 (v['numel'], v['accuracy_first']))
-    fig, ax = plt.subplots(figsize=(7.5, 4.5))
-    for k, p in pts.items():
+    fig, ax = plt.subplots(figsize=(8, 4.8))
+    for i, (k, p) in enumerate(pts.items()):
         n, a = np.mean([q[0] for q in p]), np.mean([q[1] for q in p])
         ax.scatter(n, a, marker='s' if k.startswith('patch') else 'o')
-        ax.annotate(k, (n, a), fontsize=7, xytext=(4, 3),
-                    textcoords='offset points')
+        ax.annotate(k.replace('icl', 'in-context (KV cache)'), (n, a),
+                    fontsize=7, textcoords='offset points',
+                    xytext=(5, (-1) ** i * 5 - 2))
     zs = np.mean([r['zero_shot'] for r in rows])
     ax.axhline(zs, color='gray', ls=':', lw=1)
     ax.annotate('zero-shot', (ax.get_xlim()[0], zs), fontsize=7)
