@@ -12,6 +12,7 @@ from .core import DTYPES
 from .blocks import LAYER_KINDS
 from .deep import PATCH_MODES, verify
 from .dynamics import bench_trajectory
+from .compress import add_compress_parser     # `compress` (11d)
 
 # %% auto #0
 __all__ = ['CLAIMS', 'SUBCOMMANDS', 'parser', 'main']
@@ -85,7 +86,7 @@ def _add_reproduce(sub) -> None:
     r.add_argument('claim', choices=CLAIMS)
     r.set_defaults(run=_reproduce)
 
-SUBCOMMANDS = [_add_verify, _add_bench, _add_reproduce]  # each: add(subparsers)
+SUBCOMMANDS = [_add_verify, _add_bench, _add_reproduce, add_compress_parser]  # each: add(subparsers)
 
 def parser() -> argparse.ArgumentParser:
     "The `python -m icl_book` argument parser."

@@ -1,0 +1,315 @@
+"""Prompt compression (icl_book.compress): task vectors, function vectors and
+thought patches under one protocol.
+
+Mechanics are checked in float64 on a tiny random Llama with a character-level
+stand-in tokenizer, against independent direct computations; one end-to-end
+run on SmolLM2-135M skips, with the install line as the reason, when its
+wheel is absent.
+"""
+import argparse
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+pytest.importorskip("transformers", reason="the hf extra is not installed: "
+                    "pip install 'transformers>=5,<6' gguf accelerate")
+
+from icl_book import compress as C  # noqa: E402
+from icl_book.hf import (missing, prompt_states, teacher_forced,  # noqa: E402
+                         tiny_model)
+
+
+class CharTok:
+    "One token per character (ids 2..96); 0 is the start token."
+    bos_token_id, eos_token_id = 0, 1
+
+    def __call__(self, text, add_special_tokens=False):
+        ids = [2 + ord(c) % 95 for c in text]
+        return type("Enc", (), {"input_ids": ids})
+
+
+WORDS = ("cat dog emu fox gnu hen yak owl bat eel ant bee cow elk pig rat "
+         "ram ape").split()
+PAIRS = [dict(input=w, output=w[::-1]) for w in WORDS]
+CFG = C.CompressConfig(shots=3, n_cal=6, n_val=4, n_test=5, seed=1, n_aie=2,
+                       variants=("lstsq_out", "lstsq_out r1", "first"))
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return tiny_model("llama", layers=4)
+
+
+@pytest.fixture(scope="module")
+def td():
+    return C.encode_task(CharTok(), PAIRS, CFG)
+
+
+# ---- bad input -------------------------------------------------------------
+@pytest.mark.parametrize("content, msg", [
+    ('{"input": "a", "output": "b"}', "must be a JSON list"),
+    ("[]", "(empty)"),
+    ('[["cat", "cats"]]', "item 0 is"),
+    ('[{"input": "cat"}]', "not an object with 'input' and 'output'"),
+    ('[{"input": "cat", "output": 3}]', "both must be non-empty strings"),
+    ('[{"input": "cat", "output": "  "}]', "both must be non-empty strings"),
+    ("[{'input': 'cat'}]", "is not valid UTF-8 JSON"),
+])
+def test_bad_task_files(tmp_path, content, msg):
+    f = tmp_path / "task.json"
+    f.write_text(content)
+    with pytest.raises(ValueError, match="must be|item|valid") as e:
+        C.load_task(f)
+    assert msg in str(e.value)
+
+
+def test_missing_file_and_builtins():
+    with pytest.raises(ValueError, match="does not exist"):
+        C.load_task("no/such/file.json")
+    sizes = {t: len(C.load_task(t)) for t in C.TASKS}
+    assert sizes["country-capital"] == 197 and min(sizes.values()) > 190
+    assert C.task_file("antonym").parent.joinpath("LICENSE").exists()
+
+
+def test_too_few_examples_and_empty_tokens():
+    with pytest.raises(ValueError, match="18 examples, but 3 shots"):
+        C.encode_task(CharTok(), PAIRS, C.CompressConfig(
+            shots=3, n_cal=6, n_val=4, n_test=6))
+    with pytest.raises(ValueError, match="calibration must be an integer"):
+        C.encode_task(CharTok(), PAIRS, C.CompressConfig(n_cal=1))
+
+    class Drop(CharTok):
+        def __call__(self, text, add_special_tokens=False):
+            return super().__call__(text.replace(" x", "").replace("x", ""))
+
+    bad = PAIRS[:-1] + [dict(input="zz", output="x")]
+    with pytest.raises(ValueError, match="output tokenises to nothing"):
+        C.encode_task(Drop(), bad, C.CompressConfig(shots=2, n_cal=14,
+                                                   n_val=1, n_test=1))
+    with pytest.raises(ValueError, match="must contain '{input}' once"):
+        C.encode_task(CharTok(), PAIRS, C.CompressConfig(
+            shots=2, n_cal=2, n_val=1, n_test=1, template="{output}{input}"))
+
+
+def test_splits_are_disjoint(td):
+    seen = [p for s in (td.cal, td.val, td.test) for p in s.items] + td.demos
+    assert len(set(seen)) == 18
+    for s in (td.cal, td.val, td.test):   # the first answer token follows
+        rows = torch.arange(len(s.items))
+        assert s.answer[rows, s.last].all()
+        assert not s.answer[rows, s.last - 1].any()
+
+
+# ---- the in-context reference and its states -------------------------------
+def test_cached_prompt_matches_full_run(tiny, td):
+    P = td.prompt
+    ref = teacher_forced(tiny, P, td.cal.ids, prompt=True)
+    assert (C.icl_logprobs(tiny, P, td.cal.ids) - ref).abs().max() < 1e-10
+    S = C.icl_states(tiny, P, td.cal)
+    R = prompt_states(tiny, P, td.cal.ids, td.cal.mask)
+    for a, b in zip(S["layers"], R["layers"]):
+        for k in "hay":
+            assert (a[k] - b[k]).abs().max() < 1e-10
+    x = torch.cat([P.expand(6, -1), td.cal.ids], 1)
+    with torch.no_grad():
+        hs = tiny(x, output_hidden_states=True).hidden_states
+    rows, n = torch.arange(6), P.shape[1]
+    for layer in range(3):       # task-vector states (the last is normed)
+        want = hs[layer + 1][rows, n + td.cal.last]
+        assert (S["out"][layer] - want).abs().max() < 1e-10
+
+
+# ---- task vector -------------------------------------------------------------
+def test_task_vector_replaces_the_hidden_state(tiny, td):
+    theta = torch.randn(32, dtype=torch.float64)
+    seen = {}
+    h = tiny.model.layers[3].register_forward_pre_hook(
+        lambda m, a: seen.__setitem__("h", a[0].clone()))
+    try:
+        lp = C.free_logprobs(tiny, 0, td.cal.ids,
+                             (2, theta, "replace", td.cal.last))
+    finally:
+        h.remove()
+    rows = torch.arange(6)
+    assert torch.equal(seen["h"][rows, td.cal.last + 1],
+                       theta.expand(6, -1))
+    plain = C.free_logprobs(tiny, 0, td.cal.ids)
+    before = (torch.arange(td.cal.ids.shape[1])[None]
+              < td.cal.last[:, None])
+    assert (lp[before] - plain[before]).abs().max() < 1e-12
+    assert (lp[rows, td.cal.last] - plain[rows, td.cal.last]).abs().max() > 1e-3
+    with pytest.raises(ValueError, match="layer must be in 0..3"):
+        with C.stream_edit(tiny, 4, theta):
+            pass
+
+
+def test_pick_layer_takes_the_best_score(tiny, td):
+    S = C.icl_states(tiny, td.prompt, td.val)
+    ids, rows, _ = C._firsts(td.val)
+    ref1 = C.icl_logprobs(tiny, td.prompt, ids)[rows, td.val.last]
+    theta = S["out"].mean(1)
+    best, scores = C.pick_layer(tiny, 0, td.val, ref1, theta, "replace",
+                                range(4))
+    assert scores[best] == max(scores.values()) and len(scores) == 4
+
+
+# ---- function vector -----------------------------------------------------------
+def test_function_vector_heads_have_highest_indirect_effect(tiny, td):
+    g = torch.Generator().manual_seed(0)
+    prompts = [C._shuffled(CharTok(), td, C.TEMPLATE, i, g) for i in range(2)]
+    o_projs, nh, dh = C._heads(tiny)
+    S = C.icl_states(tiny, td.prompt, td.cal)
+    zbar = S["z"].mean(1).view(4, nh, dh)
+    aie = C.head_effects(tiny, prompts, zbar, chunk=7)
+
+    def direct(layer, j):                      # whole runs, no cache
+        eff = 0.
+        for ids, target in prompts:
+            def hk(m, a):
+                x = a[0].clone()
+                x[0, -1, j * dh:(j + 1) * dh] = zbar[layer, j]
+                return (x,)
+            with torch.no_grad():
+                p0 = tiny(ids).logits[0, -1].softmax(-1)[target]
+                hh = o_projs[layer].register_forward_pre_hook(hk)
+                try:
+                    p1 = tiny(ids).logits[0, -1].softmax(-1)[target]
+                finally:
+                    hh.remove()
+            eff += (p1 - p0).item() / len(prompts)
+        return eff
+
+    for layer, j in [(0, 1), (2, 0), (3, 3)]:
+        assert abs(aie[layer, j].item() - direct(layer, j)) < 1e-12
+    v, A = C.function_vector(tiny, zbar, aie, heads=4)
+    ranked = sorted(((aie[i, j].item(), (i, j)) for i in range(4)
+                     for j in range(nh)), reverse=True)
+    assert A == [ij for _, ij in ranked[:4]]
+    want = sum(o_projs[i].weight[:, j * dh:(j + 1) * dh] @ zbar[i, j]
+               for i, j in A)
+    assert (v - want).abs().max() < 1e-12
+    for ids, _ in prompts:                   # labels really are shuffled
+        assert ids.shape[1] == td.prompt.shape[1] + td.cal.last[0] + 1
+
+
+def test_function_vector_needs_llama():
+    with pytest.raises(TypeError, match="Llama-family"):
+        C._heads(tiny_model("gpt2"))
+
+
+# ---- the Compressed object ----------------------------------------------------
+def test_compressed_applied_generate_save_load(tiny, td, tmp_path):
+    P = td.prompt
+    S = C.icl_states(tiny, P, td.cal)
+    tp = C.fit_variant(tiny, P, td.cal, "lstsq_out r1", S)
+    c = C.Compressed("thought_patch", "lstsq_out r1", patch=tp, rank=1,
+                     shift=P.shape[1] - 1, start=0)
+    assert c.numel() == 4 * ((32 + 64) + 32)
+    x = torch.cat([torch.zeros(6, 1, dtype=torch.long), td.cal.ids], 1)
+    with torch.no_grad(), c.applied(tiny):
+        lp = tiny(x).logits[:, 1:].log_softmax(-1)
+    ref = teacher_forced(tiny, P, td.cal.ids, tp, keep=1)
+    assert (lp - ref).abs().max() < 1e-10
+    q = c.query_ids(CharTok(), "cat")
+    with torch.no_grad(), c.applied(tiny):
+        gen = tiny.generate(q, max_new_tokens=4, do_sample=False,
+                            pad_token_id=1, eos_token_id=None)
+        seq = q
+        for _ in range(4):
+            seq = torch.cat([seq, tiny(seq).logits[:, -1:].argmax(-1)], 1)
+    assert torch.equal(gen, seq)
+    with torch.no_grad():
+        plain = tiny(x).logits
+    with pytest.raises(RuntimeError, match="boom"):
+        with c.applied(tiny):
+            raise RuntimeError("boom")
+    with torch.no_grad():                       # hooks gone after the error
+        assert torch.equal(tiny(x).logits, plain)
+    c.save(tmp_path / "c.pt")
+    back = C.Compressed.load(tmp_path / "c.pt")
+    with torch.no_grad(), back.applied(tiny):
+        assert (tiny(x).logits[:, 1:].log_softmax(-1) - ref).abs().max() < 1e-10
+    torch.save({"a": 1}, tmp_path / "bad.pt")
+    with pytest.raises(ValueError, match="not a file written by"):
+        C.Compressed.load(tmp_path / "bad.pt")
+
+
+def test_evaluate_and_compress_on_tiny(tiny):
+    res, objs = C.evaluate(tiny, CharTok(), PAIRS, CFG)
+    for k in ("task", "shots", "n_test", "zero_shot", "icl", "task_vector",
+              "function_vector", "thought_patch", "thought_patch_kind",
+              "thought_vector", "numel"):
+        assert k in res, k
+    assert res["metrics"]["icl"]["kl_first"] == 0.0
+    assert res["numel"]["task_vector"] == res["numel"]["function_vector"] == 32
+    assert res["numel"]["icl"] == C._kv_numel(tiny, res["prompt_tokens"])
+    assert res["thought_patch_kind"] in CFG.variants
+    json.dumps(res)
+    best = max(res["variants"], key=lambda k: (
+        res["variants"][k]["val_accuracy_first"]))
+    assert (res["variants"][res["thought_patch_kind"]]["val_accuracy_first"]
+            == res["variants"][best]["val_accuracy_first"])
+    c = C.compress(tiny, CharTok(), PAIRS, "function_vector", CFG)
+    assert c.layer == res["function_vector_layer"]
+    with pytest.raises(ValueError, match="method must be one of"):
+        C.compress(tiny, CharTok(), PAIRS, "zero_shot", CFG)
+
+
+# ---- the command line ---------------------------------------------------------
+def _parser():
+    p = argparse.ArgumentParser(prog="python -m icl_book")
+    C.add_compress_parser(p.add_subparsers(dest="command", required=True))
+    return p
+
+
+def test_cli_on_a_new_task_file(tiny, tmp_path, monkeypatch):
+    f = tmp_path / "reverse.json"
+    f.write_text(json.dumps(PAIRS))
+    monkeypatch.setattr(C, "load_pretrained", lambda name: (tiny, CharTok()))
+    a = _parser().parse_args(["compress", "--task", str(f), "--shots", "3",
+                              "--calibration", "6", "--validation", "4",
+                              "--test", "5", "--seed", "2",
+                              "--save", str(tmp_path / "tp.pt")])
+    res = a.run(a)
+    assert res["task"] == "reverse" and res["shots"] == 3
+    assert res["n_test"] == 5 and "wall_s" in res
+    assert C.Compressed.load(tmp_path / "tp.pt").method == "thought_patch"
+    (tmp_path / "bad.json").write_text('{"not": "a list"}')
+    a = _parser().parse_args(["compress", "--task", str(tmp_path / "bad.json")])
+    with pytest.raises(ValueError, match="must be a JSON list"):
+        a.run(a)
+
+
+def test_cli_parser_from_python_c():
+    code = ("import argparse; from icl_book.compress import "
+            "add_compress_parser, run_compress; p = argparse.ArgumentParser();"
+            " add_compress_parser(p.add_subparsers(dest='c')); "
+            "a = p.parse_args(['compress', '--task', 'antonym', '--test', '7'])"
+            "; print(a.task, a.test, a.shots, a.run is run_compress)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["antonym", "7", "10", "True"]
+
+
+# ---- SmolLM2, end to end --------------------------------------------------------
+@pytest.mark.skipif(missing("smollm2") is not None,
+                    reason=str(missing("smollm2")))
+def test_smollm2_end_to_end():
+    from icl_book.hf import load_pretrained
+    model, tok = load_pretrained("smollm2")
+    cfg = C.CompressConfig(shots=5, n_cal=12, n_val=6, n_test=12, stride=10,
+                           n_aie=1, variants=("lstsq_out r1",))
+    res, objs = C.evaluate(model, tok, "present-past", cfg)
+    assert res["icl"] >= 0.5 > res["zero_shot"]          # the prompt matters
+    assert res["numel"]["task_vector"] == 576
+    assert res["numel"]["icl"] == res["prompt_tokens"] * 30 * 2 * 3 * 64
+    assert res["numel"]["thought_patch"] == 30 * (576 + 1536 + 576)
+    c = objs["thought_patch"]
+    q = c.query_ids(tok, "walk")
+    with torch.no_grad(), c.applied(model):
+        out = model.generate(q, max_new_tokens=3, do_sample=False)
+    assert out.shape[1] > q.shape[1]
