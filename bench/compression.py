@@ -2,10 +2,11 @@
 
 Usage (what made bench/compression.jsonl: 2 min per task and seed on one
 free thread, 3-9 min on the shared 2-core machine it ran on; the committed
-file holds seed 0, the run of seeds 1 and 2 was stopped for time):
+file holds seeds 0 and 1):
     OMP_NUM_THREADS=1 python bench/compression.py --seeds 0 \
         --out bench/compression.jsonl
-    OMP_NUM_THREADS=1 python bench/compression.py --seeds 1 2   # appends
+    OMP_NUM_THREADS=1 python bench/compression.py --seeds 1   # appends
+    OMP_NUM_THREADS=1 python bench/compression.py --seeds 2   # not run yet
 One JSON line per task and seed: the result dict of icl_book.compress.evaluate
 with the full protocol (10 shots, 64 calibration, 16 validation, 50 test
 queries, every layer a candidate, 8 shuffled prompts, every thought-patch
