@@ -60,3 +60,24 @@ def exec_data(doc):
     with open(env, "rb") as f:
         meta = getattr(pickle.load(f), "nb_metadata", {})
     return (meta.get(doc) or {}).get("exec_data")
+
+
+# --- helpers shared by the transformers tests (test_hf.py, test_hf_families.py)
+def model_output(model, ids, **kw):
+    "Logits of a causal LM, last hidden states of an encoder."
+    import torch
+    with torch.no_grad():
+        r = model(ids, **kw)
+    return r.logits if hasattr(r, "logits") else r.last_hidden_state
+
+
+def random_ids(B, T, seed, vocab=97, low=0):
+    "Token ids (B, T) in low..vocab-1 from a seeded generator."
+    import torch
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(low, vocab, (B, T), generator=g)
+
+
+def snapshot(model):
+    "A copy of every tensor of the model's state, to compare after a patch."
+    return {k: v.clone() for k, v in model.state_dict().items()}

@@ -20,6 +20,7 @@ pytest.importorskip("transformers", reason="the hf extra is not installed: "
 from hypothesis import given, settings, strategies as st  # noqa: E402
 
 from icl_book.core import rel_err  # noqa: E402
+from conftest import model_output as output, random_ids as ids, snapshot  # noqa: E402
 from icl_book.hf import (SUPPORTED, HFPatch, bench_hf, compression_metrics,  # noqa: E402
                          context_patches, fit_thought_patch,
                          generate_without_context, load_pretrained, missing,
@@ -28,22 +29,6 @@ from icl_book.hf import (SUPPORTED, HFPatch, bench_hf, compression_metrics,  # n
 
 ARCHS = ("gpt2", "llama", "bert")
 TOL = {"float64": 1e-10, "float32": 1e-4}
-
-
-def output(model, ids, **kw):
-    "Logits of a causal LM, last hidden states of an encoder."
-    with torch.no_grad():
-        r = model(ids, **kw)
-    return r.logits if hasattr(r, "logits") else r.last_hidden_state
-
-
-def ids(B, T, seed, vocab=97, low=0):
-    g = torch.Generator().manual_seed(seed)
-    return torch.randint(low, vocab, (B, T), generator=g)
-
-
-def snapshot(model):
-    return {k: v.clone() for k, v in model.state_dict().items()}
 
 
 def hooks_left(model):

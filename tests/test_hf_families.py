@@ -14,24 +14,10 @@ pytest.importorskip("transformers", reason="the hf extra is not installed: "
 
 from icl_book.core import rel_err  # noqa: E402
 from icl_book.families import FAMILIES, TINY_ARCHS, adapter, tiny_model  # noqa: E402
+from conftest import model_output as out, random_ids as ids, snapshot  # noqa: E402
 from icl_book.hf import context_patches, patched  # noqa: E402
 
 TOL = {"float64": 1e-12, "float32": 1e-5}
-
-
-def out(model, ids, **kw):
-    with torch.no_grad():
-        r = model(ids, **kw)
-    return r.logits if hasattr(r, "logits") else r.last_hidden_state
-
-
-def ids(B, T, seed, vocab=97, low=0):
-    g = torch.Generator().manual_seed(seed)
-    return torch.randint(low, vocab, (B, T), generator=g)
-
-
-def snapshot(model):
-    return {k: v.clone() for k, v in model.state_dict().items()}
 
 
 def test_every_family_has_a_tiny_model():
