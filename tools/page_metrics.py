@@ -1,0 +1,132 @@
+"""Measure built book pages as headless Chromium lays them out.
+
+    python tools/page_metrics.py nbs/01_contextual_blocks [--width 1400] [--shot out.png]
+
+prints one JSON line per page: its height in px at that width and the
+elements that are wider than their box without scrolling (display math,
+code, tables, images). A copy of the page with a small probe script is
+written next to it (so every relative link still resolves), loaded, and
+removed; the probe writes its findings into the DOM that Chromium dumps.
+"""
+import argparse, json, os, re, shutil, subprocess, sys, tempfile
+from pathlib import Path
+
+HTML = Path(__file__).resolve().parents[1] / "_build" / "html"
+
+PROBE = r"""<script>
+window.addEventListener('load', () => setTimeout(() => {
+  const wide = [];
+  const sel = 'div.math, mjx-container[display="true"], div.highlight pre, table, img';
+  const main = document.querySelector('main, article, .bd-article') || document.body;
+  const m = main.getBoundingClientRect();
+  for (const el of document.querySelectorAll(sel)) {
+    if (!el.offsetParent) continue;                                // not displayed
+    const r = el.getBoundingClientRect();
+    if (r.width === 0) continue;
+    let scrolls = false;                                           // a box that scrolls it
+    for (let p = el; p && p !== document.body; p = p.parentElement) {
+      if (/(auto|scroll)/.test(getComputedStyle(p).overflowX) && p.scrollWidth > p.clientWidth + 1) { scrolls = true; break; }
+    }
+    if (scrolls) continue;
+    let box = el.parentElement, clip = false;                      // content cut off by a clipping box
+    for (let p = el.parentElement; p && p !== document.body; p = p.parentElement) {
+      const b = p.getBoundingClientRect();
+      if (getComputedStyle(p).overflowX === 'hidden' && (r.right > b.right + 1 || r.left < b.left - 1)) { clip = true; box = p; break; }
+    }
+    if (clip || r.left < m.left - 1 || r.right > m.right + 1) {
+      wide.push({tag: el.tagName.toLowerCase(), cls: String(el.className && el.className.baseVal !== undefined ? el.className.baseVal : el.className),
+                 left: Math.round(r.left), right: Math.round(r.right), box: [Math.round(m.left), Math.round(m.right)],
+                 clipped: clip, text: (el.textContent || '').trim().slice(0, 60)});
+    }
+  }
+  const out = {height: document.documentElement.scrollHeight, width: innerWidth, wide: wide};
+  const pre = document.createElement('pre'); pre.id = '__metrics__';
+  pre.textContent = JSON.stringify(out); document.body.appendChild(pre);
+  if (window.parent !== window) window.parent.postMessage(JSON.stringify(out), '*');
+}, 2500));
+</script>"""
+
+
+def chromium():
+    return (os.environ.get("CHROMIUM") or shutil.which("chromium")
+            or shutil.which("chromium-browser") or shutil.which("google-chrome"))
+
+
+def browse(url, width, *extra, height=1000):
+    with tempfile.TemporaryDirectory() as prof:
+        cmd = [chromium(), "--headless", "--no-sandbox", "--disable-gpu",
+               "--disable-background-networking", "--no-first-run", "--hide-scrollbars",
+               f"--user-data-dir={prof}", f"--window-size={width},{height}",
+               "--virtual-time-budget=15000", *extra, url]
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=180)
+
+
+FRAME = """<!doctype html><html><body style="margin:0">
+<iframe src="{src}" style="border:0;width:{w}px;height:{h}px"></iframe>
+<script>addEventListener('message', e => {{
+  const p = document.createElement('pre'); p.id = '__metrics__'; p.textContent = e.data;
+  document.body.appendChild(p); }});</script></body></html>"""
+
+
+def _framed(page, src, width, height):
+    "A page next to `page` that shows `src` in an iframe `width` px wide."
+    f = page.with_name(f"_frame_{page.name}")
+    f.write_text(FRAME.format(src=src.name, w=width, h=height))
+    return f
+
+
+def measure(doc, width=1400, dark=False):
+    "Height and unscrolled overflows of built page `doc` at `width` px."
+    page = HTML / f"{doc}.html"
+    if not page.exists():
+        raise FileNotFoundError(f"{page} not built: run `make book` first")
+    probe = page.with_name(f"_probe_{page.name}")
+    html = page.read_text()
+    if dark:
+        html = html.replace('data-theme="light"', 'data-theme="dark"')
+        html = html.replace('data-mode=""', 'data-mode="dark"')
+    probe.write_text(html.replace("</body>", PROBE + "</body>"))
+    frame = _framed(page, probe, width, 1000)      # Chromium's window is >= 500 px
+    try:
+        dom = browse(frame.as_uri(), max(width, 500), "--dump-dom").stdout
+    finally:
+        probe.unlink(); frame.unlink()
+    m = re.search(r'<pre id="__metrics__">(.*?)</pre>', dom, re.S)
+    if not m:
+        raise RuntimeError(f"{doc}: the probe reported nothing (page failed to load?)")
+    import html as _h
+    return json.loads(_h.unescape(m.group(1)))
+
+
+def screenshot(doc, width, shot, dark=False, height=None):
+    "Full-page screenshot of `doc` at `width` px (height: the page's own)."
+    h = height or min(measure(doc, width)["height"], 16000)
+    page = HTML / f"{doc}.html"
+    src = page.with_name(f"_shot_{page.name}")
+    html = page.read_text()
+    if dark:
+        html = html.replace('data-mode=""', 'data-mode="dark"').replace('data-theme="light"', 'data-theme="dark"')
+    src.write_text(html)
+    frame = _framed(page, src, width, h)
+    try:
+        browse(frame.as_uri(), max(width, 500), f"--screenshot={shot}", height=h)
+    finally:
+        src.unlink(); frame.unlink()
+    return h
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("docs", nargs="+")
+    ap.add_argument("--width", type=int, default=1400)
+    ap.add_argument("--dark", action="store_true")
+    ap.add_argument("--shot", help="folder for full-page screenshots")
+    a = ap.parse_args()
+    for d in a.docs:
+        m = measure(d, a.width, a.dark)
+        if a.shot:
+            Path(a.shot).mkdir(parents=True, exist_ok=True)
+            screenshot(d, a.width, str(Path(a.shot) / f"{Path(d).name}_{a.width}{'_dark' if a.dark else ''}.png"),
+                       a.dark, height=min(m["height"], 16000))
+        print(json.dumps({"doc": d, "width": a.width, "height": m["height"],
+                          "wide": m["wide"][:5], "n_wide": len(m["wide"])}))
