@@ -118,12 +118,40 @@ def _depart(self, node):
     self.depart_figure(node)
 
 
+def _one_script_each(app, pagename, templatename, context, doctree):
+    """Load each script once: myst-nb adds the widget manager a second time on
+    a page that pastes a glued widget, and a second manager renders every
+    widget twice."""
+    name = lambda js: str(getattr(js, "filename", js)).split("?")[0]
+    dup = lambda js: name(js).endswith(("embed-amd.js", "require.js"))
+    files = context.get("script_files") or []
+    best = {}                                     # the copy with its attributes
+    for js in files:
+        if dup(js) and len(getattr(js, "attributes", {}) or {}) >= \
+                len(getattr(best.get(name(js)), "attributes", {}) or {}):
+            best[name(js)] = js
+    keep, seen = [], set()
+    for js in sorted(files, key=lambda js: getattr(js, "priority", 500)):
+        if dup(js):
+            if name(js) in seen: continue
+            seen.add(name(js)); js = best[name(js)]
+        keep.append(js)
+    files[:] = keep
+    for key in ("css_files", "script_files"):      # and no other file twice
+        seen, once = set(), []
+        for f in context.get(key) or []:
+            if name(f) not in seen:
+                seen.add(name(f)); once.append(f)
+        if context.get(key): context[key][:] = once
+
+
 def setup(app):
     _wrap_reader()
     app.add_enumerable_node(glued_table, "table", _table_title,
                             html=(_visit, _depart), latex=(_visit, _depart),
                             text=(_visit, _depart))
     app.add_transform(GluedTables)
+    app.connect("html-page-context", _one_script_each, priority=900)
     app.add_css_file("book.css")
     app.add_js_file("book.js")
     return {"parallel_read_safe": True, "parallel_write_safe": True}

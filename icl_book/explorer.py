@@ -18,8 +18,8 @@ from .dynamics import (block_trajectory, stack_trajectory,
                                trajectory_summaries)
 
 # %% auto #0
-__all__ = ['CHUNKS', 'STACK_CHUNKS', 'DEFAULTS', 'LIMITS', 'make_setting', 'chunk_positions', 'Exploration', 'explore',
-           'plot_exploration', 'explorer']
+__all__ = ['CHUNKS', 'STACK_CHUNKS', 'DEFAULTS', 'LIMITS', 'STATIC_GRID', 'make_setting', 'chunk_positions', 'Exploration',
+           'explore', 'plot_exploration', 'explorer', 'static_explorer']
 
 # %% ../nbs/13_explorer.ipynb #8f2a0507
 @contextmanager
@@ -341,3 +341,58 @@ def explorer(**start):
     box = widgets.VBox(rows)
     box.controls, box.output, box.info = ctl, out, info
     return box
+
+# %% ../nbs/13_explorer.ipynb #8c089a0a
+STATIC_GRID = dict(kind=LAYER_KINDS, depth=(3, 1), n=(64, 16))  # first: DEFAULTS
+
+def static_explorer(grid: Optional[dict] = None, chunk: str = 'prefix',
+                    dpi: int = 70):
+    "Explorer for a page with no kernel: each panel of `grid` drawn ahead."
+    try: import ipywidgets as widgets
+    except ImportError as e:
+        raise ImportError("static_explorer() needs ipywidgets: pip install "
+                          "ipywidgets (or icl_book[dev])") from e
+    g = {**STATIC_GRID, **(grid or {})}
+    if set(g) != set(STATIC_GRID) or not all(len(v) for v in g.values()):
+        raise ValueError(f"grid maps each of {sorted(STATIC_GRID)} to a "
+                         f"non-empty tuple of values, got {grid!r}")
+    if chunk not in STACK_CHUNKS:
+        raise ValueError(f"chunk must be one every depth can lose, one of "
+                         f"{STACK_CHUNKS}, got {chunk!r}")
+    def leaf(kind, depth, n):                # one precomputed panel
+        r = explore(kind, depth, n, chunk)
+        t = time.perf_counter(); png = _png(plot_exploration(r, dpi=dpi))
+        return widgets.VBox([
+            widgets.HTML(_numbers_html(r, time.perf_counter() - t)),
+            widgets.Image(value=base64.b64decode(png), format='png',
+                          layout=widgets.Layout(max_width='100%'))])
+    st = dict(description_width='initial')
+    ctl = dict(
+        kind=widgets.Dropdown(options=list(g['kind']), description='layer',
+                              style=st),
+        depth=widgets.ToggleButtons(options=[str(d) for d in g['depth']],
+                                    description='depth L', style=st),
+        n=widgets.ToggleButtons(options=[str(n) for n in g['n']],
+                                description='context n', style=st))
+    links, stacks = [], []
+    def stack(level, picked):                # nested: kind > depth > n
+        if level == 3: return leaf(*picked)
+        name = ('kind', 'depth', 'n')[level]
+        s = widgets.Stack([stack(level + 1, picked + (v,)) for v in g[name]],
+                          selected_index=0)
+        links.append(widgets.jslink((ctl[name], 'index'),
+                                    (s, 'selected_index')))
+        stacks.append(s)
+        return s
+    top = stack(0, ())
+    panels = int(np.prod([len(v) for v in g.values()]))
+    note = widgets.HTML(
+        f"<i>{panels} settings precomputed when the page was built"
+        " (prefix chunk, k = n // 3): the controls switch between them in the browser, no "
+        "kernel needed. Every setting, live: <code>explorer()</code> in "
+        "Jupyter.</i>")
+    box = widgets.VBox([widgets.HBox([ctl['kind'], ctl['depth']]), ctl['n'],
+                        top, note])
+    box.controls, box.stacks, box.links = ctl, stacks, links
+    return box
+

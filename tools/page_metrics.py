@@ -98,6 +98,32 @@ def measure(doc, width=1400, dark=False):
     return json.loads(_h.unescape(m.group(1)))
 
 
+def probe(doc, js, width=1400, wait_ms=4000):
+    """Run `js` in built page `doc` after it loaded (and `wait_ms` more);
+    the script calls `report(value)` once; returns that value (JSON)."""
+    page = HTML / f"{doc}.html"
+    if not page.exists():
+        raise FileNotFoundError(f"{page} not built: run `make book` first")
+    script = ("<script>function report(v) { const p = document.createElement('pre');"
+              " p.id = '__metrics__'; p.textContent = JSON.stringify(v);"
+              " document.body.appendChild(p);"
+              " if (window.parent !== window) window.parent.postMessage(JSON.stringify(v), '*'); }"
+              f"window.addEventListener('load', () => setTimeout(async () => {{ {js} }}, {wait_ms}));"
+              "</script>")
+    tmp = page.with_name(f"_js_{page.name}")
+    tmp.write_text(page.read_text().replace("</body>", script + "</body>"))
+    frame = _framed(page, tmp, width, 1000)
+    try:
+        dom = browse(frame.as_uri(), max(width, 500), "--dump-dom").stdout
+    finally:
+        tmp.unlink(); frame.unlink()
+    m = re.search(r'<pre id="__metrics__">(.*?)</pre>', dom, re.S)
+    if not m:
+        raise RuntimeError(f"{doc}: the probe reported nothing")
+    import html as _h
+    return json.loads(_h.unescape(m.group(1)))
+
+
 def screenshot(doc, width, shot, dark=False, height=None):
     "Full-page screenshot of `doc` at `width` px (height: the page's own)."
     h = height or min(measure(doc, width)["height"], 16000)
