@@ -111,6 +111,13 @@ def test_math_typeset_in_browser(book, doc):
 
 EXPLORER = "nbs/13_explorer"
 
+import sys
+sys.path.insert(0, str(ROOT / "tools"))
+import page_metrics  # noqa: E402  (tools/page_metrics.py: layout probes in Chromium)
+
+needs_chromium = pytest.mark.skipif(_chromium() is None, reason="headless Chromium not "
+                                    "installed (`make browser` or `apt-get install chromium`)")
+
 
 def _widget_outputs(html):
     "The cell outputs that hold a widget view (its script and what renders it)."
@@ -121,36 +128,157 @@ def _widget_outputs(html):
 
 
 def test_explorer_page_embeds_widget_state(book):
-    "The build recorded the explorer's widget state and a view of it."
+    "The build recorded the static explorer: its panels, the Stacks and the links."
     path, _ = _page(EXPLORER)
     raw = path.read_text()
     assert 'type="application/vnd.jupyter.widget-state+json"' in raw, \
         "no widget state recorded: the static page cannot render the explorer"
-    assert 'type="application/vnd.jupyter.widget-view+json"' in raw
-    assert "embed-amd.js" in raw, "the page loads no ipywidgets HTML manager"
-    for model in ("VBoxModel", "DropdownModel", "IntSliderModel", "OutputModel"):
+    assert raw.count('type="application/vnd.jupyter.widget-view+json"') == 1, \
+        "the page shows one widget, the static explorer"
+    for model in ("VBoxModel", "DropdownModel", "ToggleButtonsModel", "StackModel",
+                  "LinkModel", "ImageModel"):
         assert f'"{model}"' in raw, f"widget state lacks a {model}"
-    assert '"image/png"' in raw, "the explorer's Output holds no figure"
+    assert raw.count('"_model_name": "ImageModel"') >= 20, "fewer than 20 panels recorded"
+    assert raw.count("embed-amd.js") == 1, "the widget manager must be loaded once"
+    assert raw.index("widget-view+json") < raw.index('id="what-is-computed'), \
+        "the explorer comes first on its page"
 
 
-@pytest.mark.skipif(_chromium() is None, reason="headless Chromium not installed "
-                    "(`make browser` or `apt-get install chromium`)")
-def test_explorer_widgets_rendered_in_browser(book):
-    "The vendored html-manager turns the recorded state into live widget views."
-    path, _ = _page(EXPLORER)
-    dom = _browse(path.as_uri(), "--dump-dom").stdout
-    assert "<body" in dom, "Chromium returned no DOM"
-    views = _widget_outputs(dom)
-    assert views, "no widget-view script in the rendered page"
-    out = views[0]
-    assert 'class="widget-subarea"' in out, \
-        "the html-manager rendered nothing next to the widget-view script"
-    for cls in ("lm-Widget", "jupyter-widgets", "widget-vbox", "widget-dropdown",
-                "widget-slider", "widget-html", "widget-output", "jp-RenderedImage"):
-        assert cls in out, f"rendered explorer lacks an element of class {cls}"
-    assert out.count("widget-dropdown") >= 2 and out.count("widget-slider") >= 3
-    assert 'src="data:image/png;base64,' in out, "the Output's figure is not shown"
+@needs_chromium
+def test_static_explorer_reacts_to_a_control(book):
+    "Moving a control in the static page (no kernel) switches the panel."
+    js = r"""
+    const view = document.querySelector('.widget-vbox');
+    if (!view) { report({error: 'no widget rendered'}); return; }
+    const shown = () => ({imgs: [...view.querySelectorAll('img')].filter(i => i.offsetParent && i.offsetWidth > 0).length,
+      info: [...view.querySelectorAll('.widget-html')].filter(h => h.offsetParent).map(h => h.textContent.slice(0, 40))[0],
+      src: [...view.querySelectorAll('img')].filter(i => i.offsetParent && i.offsetWidth > 0).map(i => i.src)[0]});
+    const before = shown();
+    const sel = view.querySelector('.widget-dropdown select');
+    sel.selectedIndex = sel.options.length - 1; sel.dispatchEvent(new Event('change', {bubbles: true}));
+    await new Promise(r => setTimeout(r, 1500));
+    const kind = shown();
+    const btn = [...view.querySelectorAll('.widget-toggle-buttons button')].find(b => b.textContent.trim() === '1');
+    btn.click();
+    await new Promise(r => setTimeout(r, 1500));
+    report({before, kind, depth: shown(), last: sel.options[sel.options.length - 1].textContent});
+    """
+    r = page_metrics.probe(EXPLORER, js, wait_ms=5000)
+    assert "error" not in r, r
+    assert r["before"]["imgs"] == 1 and r["before"]["info"].startswith("softmax, 3 layers"), r
+    assert r["kind"]["imgs"] == 1 and r["kind"]["info"].startswith(f"{r['last']}, 3 layers"), r
+    assert r["kind"]["src"] != r["before"]["src"], "the picture did not change"
+    assert r["depth"]["info"].startswith(f"{r['last']}, the block"), r
     ARTIFACTS.mkdir(exist_ok=True)
-    shot = ARTIFACTS / "13_explorer.png"
-    _browse(path.as_uri(), f"--screenshot={shot}")
-    assert shot.exists() and shot.stat().st_size > 10_000
+    page_metrics.screenshot(EXPLORER, 1400, str(ARTIFACTS / "13_explorer.png"), height=2000)
+
+
+# --- what a reader sees: no nbdev directives, no words about how the book was made,
+#     collapsed code, tables as tables, nothing clipped at 390 px
+
+class _Code(HTMLParser):
+    "Text of every <pre> block and each cell's classes with its input's text."
+    def __init__(self):
+        super().__init__(); self.pre, self.cells = [], []
+        self._depth, self._buf, self._cell, self._cdepth = 0, [], None, 0
+
+    def handle_starttag(self, tag, attrs):
+        cls = dict(attrs).get("class", "") or ""
+        if tag == "div" and re.search(r"\bcell\b", cls) and "cell_input" not in cls \
+                and "cell_output" not in cls and self._cell is None:
+            self._cell, self._cdepth = {"cls": cls, "code": ""}, 0
+        if self._cell is not None and tag == "div": self._cdepth += 1
+        if self._cell is not None and tag == "details": self._cell["details"] = True
+        if tag == "pre": self._depth += 1; self._buf = []
+
+    def handle_endtag(self, tag):
+        if tag == "pre" and self._depth:
+            self._depth -= 1; text = "".join(self._buf); self.pre.append(text)
+            if self._cell is not None and not self._cell["code"]: self._cell["code"] = text
+        if self._cell is not None and tag == "div":
+            self._cdepth -= 1
+            if self._cdepth == 0: self.cells.append(self._cell); self._cell = None
+
+    def handle_data(self, data):
+        if self._depth: self._buf.append(data)
+
+
+def _code(doc):
+    path, _ = _page(doc)
+    p = _Code(); p.feed(path.read_text()); return path, p
+
+
+@pytest.mark.parametrize("doc", _toc_files())
+def test_no_nbdev_directives_in_displayed_code(book, doc):
+    _, p = _code(doc)
+    bad = [l for t in p.pre for l in t.splitlines() if l.lstrip().startswith("#|")]
+    assert not bad, f"{doc}: nbdev directives shown in code: {bad[:3]}"
+
+
+@pytest.mark.parametrize("doc", _toc_files())
+def test_no_words_about_how_the_book_was_made(book, doc):
+    path, p = _page(doc)
+    text = " ".join(p.text)
+    for phrase in ("PAPER.md", "the issue"):
+        assert phrase.lower() not in text.lower(), f"{doc}: the page says {phrase!r}"
+
+
+@pytest.mark.parametrize("doc", [d for d in _toc_files() if (ROOT / f"{d}.ipynb").exists()
+                                 and not d.endswith("index")])
+def test_implementation_cells_collapsed(book, doc):
+    "Every code cell shown is folded, unless it only imports or is tagged show-input."
+    import ast
+    _, p = _code(doc)
+    cells = [c for c in p.cells if "tag_remove-input" not in c["cls"] and c["code"]]
+    assert cells, f"{doc}: no code cells found"
+    def imports_only(src):
+        try: body = ast.parse(src).body
+        except SyntaxError: return False
+        return bool(body) and all(isinstance(s, (ast.Import, ast.ImportFrom)) for s in body)
+    open_ = [c for c in cells if "tag_hide-input" not in c["cls"]]
+    bad = [c["code"][:60] for c in open_
+           if "tag_show-input" not in c["cls"] and not imports_only(c["code"])]
+    assert not bad, f"{doc}: code cells shown unfolded: {bad[:3]}"
+    assert all(c.get("details") for c in cells if "tag_hide-input" in c["cls"]), \
+        f"{doc}: a hide-input cell has no show-code toggle"
+    assert len([c for c in open_ if "tag_show-input" in c["cls"]]) <= 4, \
+        f"{doc}: more than four code cells opened with show-input"
+    first = cells[0]
+    assert imports_only(first["code"]) and "tag_hide-input" not in first["cls"], \
+        f"{doc}: the first code cell shown should be the chapter's imports, got {first['code'][:80]!r}"
+
+
+@pytest.mark.parametrize("doc", _toc_files())
+def test_glued_tables_are_tables(book, doc):
+    "A figure that holds a table is numbered and captioned as a table."
+    path, _ = _page(doc)
+    raw = path.read_text()
+    for fig in re.findall(r"<figure\b.*?</figure>", raw, re.S):
+        if "<table" in fig:
+            assert "glued-table" in fig and re.search(r'caption-number">Table \d', fig), \
+                f"{doc}: a table is captioned as a figure: {re.sub('<[^>]+>', '', fig)[:120]!r}"
+
+
+@needs_chromium
+@pytest.mark.parametrize("doc", _toc_files())
+def test_nothing_clipped_on_a_phone(book, doc):
+    "At 390 px, display math, code, tables and images fit their box or scroll inside it."
+    m = page_metrics.measure(doc, 390)
+    assert not m["wide"], f"{doc}: wider than the page at 390 px, not scrollable: {m['wide'][:3]}"
+
+
+@needs_chromium
+def test_a_figure_opens_at_full_size(book):
+    js = r"""
+    const img = document.querySelector('.bd-article figure img');
+    if (!img) { report({error: 'no figure'}); return; }
+    img.click(); await new Promise(r => setTimeout(r, 300));
+    const box = document.getElementById('icl-lightbox');
+    const big = box && box.querySelector('img');
+    const opened = !!box, natural = big ? big.naturalWidth : 0, shown = big ? big.getBoundingClientRect().width : 0;
+    document.dispatchEvent(new KeyboardEvent('keydown', {key: 'Escape'}));
+    report({opened, natural, shown, closed: !document.getElementById('icl-lightbox')});
+    """
+    r = page_metrics.probe("nbs/06_context_vs_patch", js, width=390, wait_ms=2000)
+    assert r.get("opened") and r["closed"], r
+    assert r["shown"] >= min(r["natural"], 390) - 2, f"the figure is not shown at full size: {r}"
