@@ -12,6 +12,12 @@ from .thought import ThoughtPatch, fit_linear_patch
 from .families import _weight
 from .hf import _check_model
 
+
+# %% auto #0
+__all__ = ['THOUGHT_KINDS', 'pad_batch', 'prompt_states', 'fit_thought_patch', 'thought_patched', 'teacher_forced',
+           'compression_metrics', 'capitals', 'CompressionConfig']
+
+# %% ../nbs/11c_compression.ipynb #9edfa37e
 def _hook_all(stack: ExitStack, ad, on_h, on_first, on_last):
     "Hooks on all layers, removed when `stack` closes: read h, add to outputs."
     if ad.family.pattern not in ('pre-norm', 'post-LN') or ad.scale != 1:
@@ -28,10 +34,6 @@ def _hook_all(stack: ExitStack, ad, on_h, on_first, on_last):
             ).remove)
         stack.callback(lay.last.register_forward_hook(
             lambda m, args, out, l=l: out + on_last(l, args[0])).remove)
-
-# %% auto #0
-__all__ = ['THOUGHT_KINDS', 'pad_batch', 'prompt_states', 'fit_thought_patch', 'thought_patched', 'teacher_forced',
-           'compression_metrics', 'capitals', 'CompressionConfig']
 
 # %% ../nbs/11c_compression.ipynb #c00611c
 def pad_batch(seqs, pad: int = 0):
