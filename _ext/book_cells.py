@@ -108,6 +108,8 @@ class GluedTables(SphinxTransform):
             rest = [c for c in fig.children if not isinstance(c, nodes.caption)]
             tab.extend(caps + rest)                      # a table's caption sits above it
             fig.replace_self(tab)
+            for i in tab["ids"]:                         # labels point at the table
+                self.document.ids[i] = tab
 
 
 def _visit(self, node):
@@ -140,6 +142,8 @@ def _one_script_each(app, pagename, templatename, context, doctree):
     for key in ("css_files", "script_files"):      # and no other file twice
         seen, once = set(), []
         for f in context.get(key) or []:
+            if not getattr(f, "filename", None):   # inline scripts: all kept
+                once.append(f); continue
             if name(f) not in seen:
                 seen.add(name(f)); once.append(f)
         if context.get(key): context[key][:] = once

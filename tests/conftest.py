@@ -41,6 +41,9 @@ def toc_files():
 def book():
     """Build the whole book once per session (--all): every notebook is executed (force,
     raise_on_error) and warnings are errors. Returns the build log."""
+    log_file = ROOT / "_build" / "build.log"
+    if os.environ.get("ICL_BOOK_REUSE_BUILD") == "1" and (ROOT / "_build/html").exists():
+        return 0, "reused the existing _build (ICL_BOOK_REUSE_BUILD=1)"   # for local reruns only
     if not (ROOT / "_vendor").exists():
         subprocess.run(["bash", str(ROOT / "tools/vendor.sh")], check=True)
     r = subprocess.run([tool("jupyter-book"), "build", "--all", "-W", "-n", "--keep-going", "."],
