@@ -219,6 +219,8 @@ def test_no_nbdev_directives_in_displayed_code(book, doc):
 def test_no_words_about_how_the_book_was_made(book, doc):
     path, p = _page(doc)
     text = " ".join(p.text)
+    assert "binder-examples" not in path.read_text(), \
+        f"{doc}: Thebe names a placeholder repository (set thebe_config in _config.yml)"
     for phrase in ("PAPER.md", "the issue"):
         assert phrase.lower() not in text.lower(), f"{doc}: the page says {phrase!r}"
 

@@ -46,7 +46,12 @@ def test_publish_config_sets_launch_buttons():
     out = publish_config(cfg, "someone/icl_book", "main")
     assert out["repository"]["url"] == "https://github.com/someone/icl_book"
     assert out["launch_buttons"]["binderhub_url"] and out["launch_buttons"]["colab_url"]
-    assert out["execute"] == cfg["execute"] and out["sphinx"] == cfg["sphinx"]   # nothing else changes
+    thebe = out["sphinx"]["config"]["thebe_config"]
+    assert thebe["repository_url"] == "https://github.com/someone/icl_book"
+    assert thebe["repository_branch"] == "main"
+    rest = lambda c: {k: v for k, v in c["sphinx"]["config"].items() if k != "thebe_config"}
+    assert out["execute"] == cfg["execute"] and rest(out) == rest(cfg)   # nothing else changes
+    assert cfg["sphinx"]["config"]["thebe_config"]["repository_url"].endswith("icl-book/icl_book")
     assert cfg["repository"] != out["repository"]                                 # input not mutated
     with pytest.raises(SystemExit, match="OWNER/REPO"):
         publish_config(cfg, "not a repo")

@@ -1,4 +1,4 @@
-"""Point the book's repository, Binder and Colab buttons at a GitHub repository.
+"""Point the book's repository, Binder, Colab and Thebe settings at a GitHub repository.
 
 The committed `_config.yml` builds offline and shows no launch buttons; the
 publishing workflow (.github/workflows/book.yml) runs
@@ -26,6 +26,11 @@ def publish_config(cfg: dict, repo: str, branch: str = "main") -> dict:
                          "path_to_book": ""}
     cfg["html"] = {**cfg.get("html", {}), "use_repository_button": True,
                    "use_issues_button": True}
+    sphinx = dict(cfg.get("sphinx", {}))
+    sphinx["config"] = {**sphinx.get("config", {}), "thebe_config": {
+        "repository_url": f"https://github.com/{repo}", "repository_branch": branch,
+        "path_to_docs": "."}}
+    cfg["sphinx"] = sphinx
     cfg["launch_buttons"] = {"notebook_interface": "jupyterlab",
                              "binderhub_url": "https://mybinder.org",
                              "colab_url": "https://colab.research.google.com"}
