@@ -218,13 +218,14 @@ def bench_hf_trajectory(n: int = 512, loop_prefixes: int = 8,
         t0 = time.perf_counter(); r = f()
         return r, time.perf_counter() - t0
 
+    med = lambda ts: sorted(ts)[len(ts) // 2]
+    ones, fwds = [], []
     with torch.no_grad():
         prefix_updates(model, C[:, :4], x); model(ids[:, :8])  # warm-up
-        runs = [timed(lambda: prefix_updates(model, C, x))
-                for _ in range(repeats)]
-        fwd = sorted(timed(lambda: model(ids))[1] for _ in range(3))[1]
-    U = runs[0][0]
-    one = sorted(t for _, t in runs)[len(runs) // 2]
+        for _ in range(repeats):                 # interleaved, side by side
+            U, t = timed(lambda: prefix_updates(model, C, x)); ones.append(t)
+            fwds += [timed(lambda: model(ids))[1] for _ in range(2)]
+    one, fwd = med(ones), med(fwds)
     pts, diffs = [], []
     for i in sorted({round(1 + k * (n - 1) / (loop_prefixes - 1))
                      for k in range(loop_prefixes)}):
@@ -238,7 +239,8 @@ def bench_hf_trajectory(n: int = 512, loop_prefixes: int = 8,
         (L_ - L_.mean()) ** 2).sum()
     a = T_.mean() - b * L_.mean()
     loop = (n * a + b * n * (n + 1) / 2).item()
-    return dict(model=name, n=n, query=1, threads=torch.get_num_threads(),
+    return dict(model=name, n=n, query=1, repeats=repeats,
+                threads=torch.get_num_threads(),
                 onepass_s=round(one, 4), forward_s=round(fwd, 4),
                 loop_s=round(loop, 2), loop_timed_calls=len(pts),
                 loop_fit=dict(a_s=round(a.item(), 5),
