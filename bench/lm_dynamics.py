@@ -78,13 +78,16 @@ def monitor(model, tok, prompts: int, k: int) -> list:
 
 def main(argv=None) -> list:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("what", nargs="*", default=["convergence", "monitor"],
-                   choices=["convergence", "monitor"])
+    p.add_argument("what", nargs="*",
+                   help="sections to run: convergence, monitor (default: both)")
     p.add_argument("--n", type=int, default=1024)
     p.add_argument("--seeds", type=int, default=3)
     p.add_argument("--prompts", type=int, default=200)
     p.add_argument("--k", type=int, default=8)
     a = p.parse_args(argv)
+    a.what = a.what or ["convergence", "monitor"]
+    bad = set(a.what) - {"convergence", "monitor"}
+    if bad: p.error(f"unknown sections {sorted(bad)}")
     model, tok = load_pretrained("smollm2")
     old = ([json.loads(s) for s in OUT.read_text().splitlines() if s.strip()]
            if OUT.exists() else [])

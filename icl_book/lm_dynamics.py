@@ -161,9 +161,10 @@ def _steps(now: list, prev: list) -> torch.Tensor:
     "(m,): sqrt(sum_k ||P_k(i) - P_k(i-1)||²) per row; prev: the row before."
     sq = 0.
     for P, Q in zip(now, prev):
-        before = RankOne(torch.cat([Q.u, P.u[:-1]]),
-                         torch.cat([Q.v, P.v[:-1]]))
-        sq = sq + P.diff_norm(before) ** 2
+        u = torch.cat([Q.u, P.u]).double()           # (m + 1, H)
+        v = torch.cat([Q.v, P.v]).double()           # (m + 1, d)
+        sq = sq + RankOne(u[1:], v[1:]).diff_norm(RankOne(u[:-1], v[:-1])
+                                                  ) ** 2
     return sq.sqrt()
 
 def prefix_updates(model, context_ids: torch.Tensor, query_ids: torch.Tensor,
