@@ -199,3 +199,19 @@ def test_bench_hf_trajectory_small(smollm2):
     r = bench_hf_trajectory(n=16, loop_prefixes=3, model=model)
     assert r["max_rel_diff"] < 1e-5 and r["speedup"] > 0
     assert {"speedup", "forward_ratio", "max_rel_diff"} <= set(r)
+
+
+@needs_smollm2
+def test_cli_bench_hf_trajectory_prints_one_json_line():
+    import json
+    import os
+    import subprocess
+    import sys
+    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+    r = subprocess.run([sys.executable, "-m", "icl_book", "bench",
+                        "hf-trajectory", "--n", "8", "--repeats", "1"],
+                       capture_output=True, text=True, env=env, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    res = json.loads(r.stdout.strip().splitlines()[-1])
+    assert res["n"] == 8 and res["max_rel_diff"] < 1e-5
+    assert {"speedup", "forward_ratio"} <= set(res)
