@@ -385,6 +385,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                       'icl_book.lm_dynamics._check_prefix_model': ( 'lm_dynamics.html#_check_prefix_model',
                                                                                     'icl_book/lm_dynamics.py'),
                                       'icl_book.lm_dynamics._chunk_size': ('lm_dynamics.html#_chunk_size', 'icl_book/lm_dynamics.py'),
+                                      'icl_book.lm_dynamics._join': ('lm_dynamics.html#_join', 'icl_book/lm_dynamics.py'),
                                       'icl_book.lm_dynamics._loop_step': ('lm_dynamics.html#_loop_step', 'icl_book/lm_dynamics.py'),
                                       'icl_book.lm_dynamics._max_inner': ('lm_dynamics.html#_max_inner', 'icl_book/lm_dynamics.py'),
                                       'icl_book.lm_dynamics._pack_mask': ('lm_dynamics.html#_pack_mask', 'icl_book/lm_dynamics.py'),

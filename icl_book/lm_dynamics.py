@@ -167,13 +167,19 @@ def _steps(now: list, prev: list) -> torch.Tensor:
                                                   ) ** 2
     return sq.sqrt()
 
+def _join(ps: list) -> list:
+    "First maps reading one input share v: one RankOne with the u's joined."
+    if len(ps) > 1 and all(torch.equal(p.v, ps[0].v) for p in ps[1:]):
+        return [RankOne(torch.cat([p.u for p in ps], -1), ps[0].v)]
+    return ps
+
 def prefix_updates(model, context_ids: torch.Tensor, query_ids: torch.Tensor,
                    chunk: Optional[int] = None) -> torch.Tensor:
     "(n, L) float64: ||ΔW(c_1..i) - ΔW(c_1..i-1)||_F, in one pass."
     out, prev = [], None
     for _, layers, _ in _prefix_chunks(model, context_ids, query_ids,
                                        chunk=chunk):
-        last = [[RankOne(r.u[:, -1], r.v[:, -1]) for r in lay.dW]
+        last = [_join([RankOne(r.u[:, -1], r.v[:, -1]) for r in lay.dW])
                 for lay in layers]                  # (m, H), (m, d)
         if prev is None:                            # ΔW(empty) = 0
             prev = [[RankOne(torch.zeros_like(r.u[:1]), r.v[:1])
