@@ -47,6 +47,9 @@ def _bench(a: argparse.Namespace) -> dict:
     if a.what == 'hf':
         from icl_book.hf import bench_hf           # needs the hf extra
         return bench_hf(context=a.context, seed=a.seed)
+    if a.what == 'hf-trajectory':
+        from icl_book.lm_dynamics import bench_hf_trajectory   # hf extra
+        return bench_hf_trajectory(n=a.n, seed=a.seed, repeats=a.repeats)
     raise ValueError(f"unknown benchmark {a.what!r}")
 
 # %% ../nbs/12_cli.ipynb #731d5fde
@@ -69,8 +72,9 @@ def _add_verify(sub) -> None:
 # %% ../nbs/12_cli.ipynb #36e7f023
 def _add_bench(sub) -> None:
     b = sub.add_parser('bench', help='side-by-side benchmarks')
-    b.add_argument('what', choices=['trajectory', 'hf'])
-    b.add_argument('--n', type=int, default=1024, help='trajectory: context length')
+    b.add_argument('what', choices=['trajectory', 'hf', 'hf-trajectory'])
+    b.add_argument('--n', type=int, default=1024,
+                   help='trajectory, hf-trajectory: context length')
     b.add_argument('--context', type=int, default=128,
                    help='hf: context tokens of the SmolLM2 benchmark')
     b.add_argument('--layers', type=int, default=10)

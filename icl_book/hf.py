@@ -34,7 +34,7 @@ def __getattr__(name: str):
 
 # %% auto #0
 __all__ = ['LayerPatch', 'HFPatch', 'context_patches', 'patched', 'patch_errors', 'plot_layer_errors', 'generate_without_context',
-           'token_updates', 'plot_token_updates', 'bench_hf']
+           'token_updates_loop', 'token_updates', 'plot_token_updates', 'bench_hf']
 
 # %% ../nbs/11b_patches.ipynb #c00511b
 class LayerPatch(NamedTuple):
@@ -223,7 +223,7 @@ def _accepts(mod: nn.Module, name: str) -> bool:
     import inspect
     return name in inspect.signature(mod.forward).parameters
 
-def _with_context(ad: Adapter, ids, mask, n: int) -> list:
+def _with_context(ad: Adapter, ids, mask, n: int, **kw) -> list:
     "Pass 1: per layer, what the stream, branches, first maps and block give."
     L, B, win = len(ad.layers), ids.shape[0], _Win(len(ad.layers))
     keep = [dict() for _ in range(L)]
@@ -245,7 +245,8 @@ def _with_context(ad: Adapter, ids, mask, n: int) -> list:
                block=lambda l, o: rec(l, 'out', o),
                stream=lambda l, h: rec(l, 'h', h),
                branch=lambda l, k, b: rec(l, f'b{k}', b), first=first)
-        _base_forward(ad, ids, mask)
+        if kw: ad.base(input_ids=ids, attention_mask=mask, **kw)
+        else: _base_forward(ad, ids, mask)
     for k in keep:
         for key in list(k): k[key] = torch.cat(k[key], 1)
         if ad.family.branch:           # parallel: the stream is x + branches
@@ -272,6 +273,22 @@ def context_patches(model, context_ids: torch.Tensor, query_ids: torch.Tensor,
     _check_length(model, ad, n, q)
     mask = _check_mask(attention_mask, B, n + q, query_ids.device)
     qmask = None if mask is None else mask[:, n:]
+    with torch.no_grad():
+        full = torch.cat([context_ids, query_ids], 1)
+        ctx = _with_context(ad, full, mask, n)
+        pos = (torch.arange(n, n + q, device=query_ids.device).expand(B, q)
+               if _accepts(ad.base, 'position_ids') else None)
+        layers, errs = _closed_loop(ad, ctx, query_ids, qmask, pos, mode,
+                                    min_norm)
+    if check: _refuse(ad, errs)
+    return HFPatch(tuple(layers), n, mode, ad.name, ad.family.name,
+                   query_ids, pos, qmask, errs, weakref.ref(ad.base))
+
+def _closed_loop(ad: Adapter, ctx: list, query_ids, qmask, pos, mode: str,
+                 min_norm=None) -> tuple:
+    """Pass 2: the query alone (B, q) at positions `pos`, each layer patched
+    to give its with-context values `ctx`; (layers, errors per layer)."""
+    B = query_ids.shape[0]
     L, fam, win = len(ad.layers), ad.family, _Win(len(ad.layers))
     dW = [[[] for _ in lay.first] for lay in ad.layers]
     rest, free, outs = ([[] for _ in range(L)] for _ in range(3))
@@ -332,16 +349,11 @@ def context_patches(model, context_ids: torch.Tensor, query_ids: torch.Tensor,
         rho = delta / yw                        # scale s -> s (1 + ρ)
         rest[l].append(rho); return (yw + yw * rho).to(y.dtype)
 
-    with torch.no_grad():
-        full = torch.cat([context_ids, query_ids], 1)
-        ctx = _with_context(ad, full, mask, n)
-        pos = (torch.arange(n, n + q, device=query_ids.device).expand(B, q)
-               if _accepts(ad.base, 'position_ids') else None)
-        with ExitStack() as st:                 # pass 2: the query alone
-            _hooks(st, ad, B, block_pre=block_pre, branch=branch,
-                   stream=stream, first=first, last=last, post=post,
-                   block=lambda l, o: outs[l].append(o.clone()))
-            _base_forward(ad, query_ids, qmask, pos)
+    with torch.no_grad(), ExitStack() as st:    # the query alone
+        _hooks(st, ad, B, block_pre=block_pre, branch=branch,
+               stream=stream, first=first, last=last, post=post,
+               block=lambda l, o: outs[l].append(o.clone()))
+        _base_forward(ad, query_ids, qmask, pos)
     cat = lambda ps: RankOne(torch.cat([p.u for p in ps], 1),
                              torch.cat([p.v for p in ps], 1))
     layers = []
@@ -354,20 +366,21 @@ def context_patches(model, context_ids: torch.Tensor, query_ids: torch.Tensor,
         layers.append(LayerPatch(tuple(cat(p) for p in dW[l]), db, dWo, ds))
     errs = tuple(_layer_err(torch.cat(outs[l], 1), ctx[l]['out'], qmask)
                  for l in range(L))
-    if check:
-        tol = _TOL.get(_dtype(ad), 0.05)
-        bad = [(l, e) for l, e in enumerate(errs) if not e <= tol]
-        if bad:
-            l, e = bad[0]
-            raise ValueError(
-                f"self-check failed: with the patches, layer {l} of the "
-                f"{ad.name} gives its with-context output only to a relative "
-                f"error of {e:.1e} (> {tol:g} for {_dtype(ad)}). The "
-                f"{fam.name!r} description does not match this block (a "
-                "subclass, or another transformers release?), so the patches "
-                "are refused.")
-    return HFPatch(tuple(layers), n, mode, ad.name, fam.name, query_ids,
-                   pos, qmask, errs, weakref.ref(ad.base))
+    return layers, errs
+
+def _refuse(ad: Adapter, errs: tuple) -> None:
+    "The self-check: raise if a layer misses its with-context output."
+    tol = _TOL.get(_dtype(ad), 0.05)
+    bad = [(l, e) for l, e in enumerate(errs) if not e <= tol]
+    if bad:
+        l, e = bad[0]
+        raise ValueError(
+            f"self-check failed: with the patches, layer {l} of the "
+            f"{ad.name} gives its with-context output only to a relative "
+            f"error of {e:.1e} (> {tol:g} for {_dtype(ad)}). The "
+            f"{ad.family.name!r} description does not match this block (a "
+            "subclass, or another transformers release?), so the patches "
+            "are refused.")
 
 def _dtype(ad: Adapter) -> torch.dtype:
     return next(p.dtype for p in ad.base.parameters() if p.is_floating_point())
@@ -612,9 +625,9 @@ def generate_without_context(model, context_ids: torch.Tensor,
     return (out, torch.stack(logits, 1)) if return_logits else out
 
 # %% ../nbs/11b_patches.ipynb #c04611b
-def token_updates(model, context_ids: torch.Tensor,
-                  query_ids: torch.Tensor) -> torch.Tensor:
-    "(n, L): ||ΔW(c_1..i) - ΔW(c_1..i-1)||_F per context token and layer."
+def token_updates_loop(model, context_ids: torch.Tensor,
+                       query_ids: torch.Tensor) -> torch.Tensor:
+    "token_updates by one context_patches per prefix (the reference)."
     if not isinstance(context_ids, torch.Tensor) or context_ids.shape[0] != 1:
         raise ValueError("token_updates takes one sequence: context_ids "
                          "(1, n)")
@@ -629,6 +642,17 @@ def token_updates(model, context_ids: torch.Tensor,
             for Ps, Qs in zip(now, prev or now)]))
         prev = now
     return torch.stack(steps)                          # (n, L)
+
+def token_updates(model, context_ids: torch.Tensor, query_ids: torch.Tensor,
+                  method: str = 'one-pass', chunk=None) -> torch.Tensor:
+    "(n, L): ||ΔW(c_1..i) - ΔW(c_1..i-1)||_F per context token and layer."
+    if method == 'loop':
+        return token_updates_loop(model, context_ids, query_ids)
+    if method != 'one-pass':
+        raise ValueError(f"method must be 'one-pass' or 'loop', got "
+                         f"{method!r}")
+    from icl_book.lm_dynamics import prefix_updates   # its home: 11e
+    return prefix_updates(model, context_ids, query_ids, chunk=chunk)
 
 # %% ../nbs/11b_patches.ipynb #c05011b
 def plot_token_updates(U: torch.Tensor, labels) -> 'matplotlib.figure.Figure':

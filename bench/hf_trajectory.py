@@ -1,0 +1,67 @@
+"""Every prefix's patches of SmolLM2: the one pass against the loop of
+context_patches calls and against one plain forward pass.
+
+Runs `icl_book.lm_dynamics.bench_hf_trajectory` (SmolLM2-135M-Instruct,
+float32, a random prompt of n context tokens and a one-token query) for each n
+and appends one JSON line per n to bench/hf_trajectory.jsonl (chapter 11e reads
+the latest line per n). The loop is timed on 8 prefix lengths evenly spaced in
+1..n (two context_patches calls each) and extrapolated by a least-squares line
+t(i) = a + b i summed over i = 1..n. Run on one thread:
+
+    OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 python bench/hf_trajectory.py
+    OMP_NUM_THREADS=1 python bench/hf_trajectory.py --n 512 --no-save
+
+About 3 minutes on one core (n = 1024 dominates).
+"""
+import argparse
+import json
+import platform
+import subprocess
+import time
+from pathlib import Path
+
+import torch
+
+from icl_book.lm_dynamics import bench_hf_trajectory
+from icl_book.weights import load_pretrained
+
+OUT = Path(__file__).with_name("hf_trajectory.jsonl")
+
+
+def _commit() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"],
+                              capture_output=True, text=True,
+                              cwd=Path(__file__).parent).stdout.strip()
+    except OSError:
+        return ""
+
+
+def main(argv=None) -> list:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--n", type=int, nargs="+", default=[64, 256, 512, 1024])
+    p.add_argument("--loop-prefixes", type=int, default=8)
+    p.add_argument("--repeats", type=int, default=3,
+                   help="timed one-pass calls: the median")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--no-save", action="store_true",
+                   help="print only; do not append to hf_trajectory.jsonl")
+    a = p.parse_args(argv)
+    model, _ = load_pretrained("smollm2")
+    rows = []
+    for n in a.n:
+        r = bench_hf_trajectory(n=n, loop_prefixes=a.loop_prefixes,
+                                repeats=a.repeats, seed=a.seed, model=model)
+        r.update(model="SmolLM2-135M-Instruct", commit=_commit(),
+                 date=time.strftime("%Y-%m-%d"), torch=torch.__version__,
+                 machine=platform.machine(), cpus=torch.get_num_threads())
+        print(json.dumps(r), flush=True)
+        rows.append(r)
+        if not a.no_save:
+            with OUT.open("a") as f:
+                f.write(json.dumps(r) + "\n")
+    return rows
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,106 @@
+"""SmolLM2's implicit dynamics over long prompts: convergence and monitoring.
+
+`convergence`: token steps ||ΔW(c_1..i) - ΔW(c_1..i-1)||_F of every layer
+(icl_book.lm_dynamics.prefix_updates, one pass) for prompts of n = 1024 tokens
+of four kinds (prose from README.md, few-shot country: capital lines, a
+repeated passage, random tokens), three prompts per kind; per layer the tail
+slope (second half, as chapter 08), a wider fit (from i = n/16), the first
+step over the median of the rest, and the median-over-prompts steps averaged
+in geometric bins of i.
+
+`monitor`: 200 few-shot country: capital prompts of 8 examples, each with
+example j right and wrong; per layer (and summed) the paired step ratio at the
+wrong example and the detection ROC AUC with a bootstrap interval.
+
+Rows go to bench/lm_dynamics.jsonl (a section's old rows are replaced);
+chapter 11e draws them. Run on one thread:
+
+    OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 python bench/lm_dynamics.py
+    OMP_NUM_THREADS=1 python bench/lm_dynamics.py convergence --n 512
+
+About 5 minutes on one core.
+"""
+import argparse
+import json
+import subprocess
+import time
+from pathlib import Path
+
+import torch
+
+from icl_book.lm_dynamics import (PROMPT_KINDS, convergence_prompt,
+                                  layer_summary, log_bins, monitor_prompt,
+                                  monitor_summary, prefix_updates,
+                                  readme_prose)
+from icl_book.weights import load_pretrained
+
+HERE = Path(__file__).parent
+OUT = HERE / "lm_dynamics.jsonl"
+
+
+def _commit() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"],
+                              capture_output=True, text=True,
+                              cwd=HERE).stdout.strip()
+    except OSError:
+        return ""
+
+
+def convergence(model, tok, n: int, seeds: int) -> list:
+    prose = readme_prose((HERE.parent / "README.md").read_text())
+    rows = []
+    for kind in PROMPT_KINDS:
+        t0 = time.perf_counter()
+        Us = []
+        for s in range(seeds):
+            ids = convergence_prompt(tok, kind, n, s, prose)
+            Us.append(prefix_updates(model, ids[:, :n], ids[:, n:]))
+        U = torch.stack(Us)                                  # (S, n, L)
+        centres, means = log_bins(U.median(0).values)         # (bins, L)
+        for r in layer_summary(U):
+            rows.append(dict(
+                what="convergence", kind=kind, n=n, prompts=seeds, **r,
+                bins_i=[round(c, 2) for c in centres],
+                bins_u=[float(f"{v:.4g}") for v in means[:, r["layer"]]],
+                seconds=round(time.perf_counter() - t0, 1)))
+        print(kind, f"{time.perf_counter() - t0:.0f}s", flush=True)
+    return rows
+
+
+def monitor(model, tok, prompts: int, k: int) -> list:
+    t0 = time.perf_counter()
+    res = [monitor_prompt(model, tok, k, seed=s) for s in range(prompts)]
+    rows = [dict(what="monitor", k=k, **r) for r in monitor_summary(res)]
+    print("monitor", f"{time.perf_counter() - t0:.0f}s", flush=True)
+    return rows
+
+
+def main(argv=None) -> list:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("what", nargs="*",
+                   help="sections to run: convergence, monitor (default: both)")
+    p.add_argument("--n", type=int, default=1024)
+    p.add_argument("--seeds", type=int, default=3)
+    p.add_argument("--prompts", type=int, default=200)
+    p.add_argument("--k", type=int, default=8)
+    a = p.parse_args(argv)
+    a.what = a.what or ["convergence", "monitor"]
+    bad = set(a.what) - {"convergence", "monitor"}
+    if bad: p.error(f"unknown sections {sorted(bad)}")
+    model, tok = load_pretrained("smollm2")
+    old = ([json.loads(s) for s in OUT.read_text().splitlines() if s.strip()]
+           if OUT.exists() else [])
+    new = []
+    if "convergence" in a.what: new += convergence(model, tok, a.n, a.seeds)
+    if "monitor" in a.what: new += monitor(model, tok, a.prompts, a.k)
+    meta = dict(commit=_commit(), date=time.strftime("%Y-%m-%d"),
+                threads=torch.get_num_threads())
+    keep = [r for r in old if r["what"] not in a.what]
+    OUT.write_text("".join(json.dumps({**r, **meta}) + "\n"
+                           for r in keep + new))
+    return new
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,217 @@
+"""Every prefix's patches of a causal LM in one pass (icl_book.lm_dynamics),
+against the loop of context_patches calls it replaces.
+
+Random tiny models of three structural patterns always run: Llama (pre-norm,
+sequential, RoPE), GPT-2 (learned absolute positions, Conv1D) and GPT-NeoX
+with a parallel residual; float64 agreement to 1e-10 (relative, per layer
+patch and per column of steps). SmolLM2 (float32, 1e-5) skips when its wheel
+is absent.
+"""
+import pytest
+import torch
+
+pytest.importorskip("transformers", reason="the hf extra is not installed: "
+                    "pip install 'transformers>=5,<6' gguf accelerate")
+
+from hypothesis import given, settings, strategies as st  # noqa: E402
+
+from conftest import random_ids, snapshot  # noqa: E402
+from icl_book.blocks import RankOne  # noqa: E402
+from icl_book.core import rel_err  # noqa: E402
+from icl_book.hf import (context_patches, missing, patched, tiny_model,  # noqa: E402
+                         token_updates, token_updates_loop)
+from icl_book.lm_dynamics import (_pack_mask, bench_hf_trajectory,  # noqa: E402
+                                  capital_prompt, convergence_prompt,
+                                  example_scores, prefix_patches,
+                                  prefix_updates, roc_auc, PROMPT_KINDS)
+
+PATTERNS = ("llama", "gpt2", "gpt_neox")
+needs_smollm2 = pytest.mark.skipif(missing("smollm2") is not None,
+                                   reason=str(missing("smollm2")))
+
+
+def layer_err(P, i, Q, l):
+    "Relative Frobenius error of row i of P's layer-l patch against Q's."
+    def parts(lp):
+        return [*lp.dW] + ([lp.dW_out] if lp.dW_out is not None else [])
+    num = den = 0.
+    for a, b in zip(parts(P.layers[l]), parts(Q.layers[l])):
+        ra, rb = RankOne(a.u[i], a.v[i]), RankOne(b.u[0], b.v[0])
+        num += (ra.diff_norm(rb) ** 2).sum()
+        den += (rb.norm() ** 2).sum()
+    if den < 1e-24:       # no update at all (e.g. c_1 = x, same values):
+        return num.sqrt().item()              # compare absolutely
+    return (num / den).sqrt().item()
+
+
+@pytest.mark.parametrize("arch", PATTERNS)
+@pytest.mark.parametrize("q", [1, 3])
+def test_prefix_patches_equal_the_loop_float64(arch, q):
+    m = tiny_model(arch, "float64", seed=4)
+    C, x = random_ids(1, 9, 1, low=2), random_ids(1, q, 2, low=2)
+    before = snapshot(m)
+    P = prefix_patches(m, C, x, chunk=4)                 # chunks 4, 4, 1
+    assert P.shape == (9, q)
+    for i in range(1, 10):
+        Q = context_patches(m, C[:, :i], x)
+        for l in range(len(P)):
+            assert layer_err(P, i - 1, Q, l) < 1e-10, (arch, i, l)
+    after = m.state_dict()
+    assert all(torch.equal(v, after[k]) for k, v in before.items())
+
+
+@pytest.mark.parametrize("arch", PATTERNS)
+def test_token_updates_equal_the_loop_float64(arch):
+    m = tiny_model(arch, "float64", seed=5, layers=2)
+    C, x = random_ids(1, 13, 3, low=2), random_ids(1, 2, 4, low=2)
+    U0 = token_updates_loop(m, C, x)
+    for chunk in (None, 1, 5):
+        U1 = token_updates(m, C, x, chunk=chunk)
+        assert U1.shape == U0.shape == (13, 2) and U1.dtype == torch.float64
+        for l in range(2):
+            if U0[:, l].norm() > 1e-12:
+                assert rel_err(U1[:, l], U0[:, l]) < 1e-10, (arch, chunk, l)
+            else:                   # parallel block: no first-matrix update
+                assert arch == "gpt_neox" and U1[:, l].max() < 1e-12
+    assert torch.equal(token_updates(m, C, x, method="loop"), U0)
+
+
+@settings(max_examples=8, deadline=None)
+@given(n=st.integers(1, 12), q=st.integers(1, 3), chunk=st.integers(1, 13),
+       seed=st.integers(0, 10 ** 6))
+def test_prefix_patches_property_llama(n, q, chunk, seed):
+    m = tiny_model("llama", "float64", seed=7, layers=2, d=16)
+    C, x = random_ids(1, n, seed, low=2), random_ids(1, q, seed + 1, low=2)
+    P = prefix_patches(m, C, x, chunk=chunk)
+    for i in {1, n, (n + 1) // 2}:
+        Q = context_patches(m, C[:, :i], x)
+        assert max(layer_err(P, i - 1, Q, l) for l in range(2)) < 1e-10
+
+
+def test_patched_rows_give_each_prefix_with_context():
+    m = tiny_model("gpt2", "float64", seed=8)
+    C, x = random_ids(1, 7, 9, low=2), random_ids(1, 2, 10, low=2)
+    P = prefix_patches(m, C, x)
+    with torch.no_grad():
+        ref = torch.cat([m(torch.cat([C[:, :i], x], 1)).logits[:, -2:]
+                         for i in range(1, 8)])
+        with patched(m, P):
+            out = m(x.expand(7, 2)).logits
+    assert rel_err(out, ref) < 1e-10
+
+
+def test_pack_mask_staircase():
+    M = _pack_mask(4, 1, 4, 1, torch.float64, "cpu")[0, 0] == 0   # (4, 8)
+    assert M[:, :4].sum(1).tolist() == [1, 2, 3, 4]
+    assert torch.equal(M[:, 4:], torch.eye(4, dtype=torch.bool))
+
+
+def test_bad_inputs_are_refused():
+    m = tiny_model("llama", "float64")
+    C, x = random_ids(1, 6, 0, low=2), random_ids(1, 2, 1, low=2)
+    cases = [
+        (lambda: prefix_patches(m, C.expand(2, 6), x.expand(2, 2)),
+         "one sequence"),
+        (lambda: prefix_patches(m, C[:, :0], x), "empty"),
+        (lambda: prefix_patches(m, C, x[:, :0]), "empty"),
+        (lambda: prefix_patches(m, C + 97, x), "vocabulary"),
+        (lambda: prefix_patches(m, C.float(), x), "integer token ids"),
+        (lambda: prefix_patches(m, C, x, chunk=0), "chunk"),
+        (lambda: prefix_patches(m, C, x, mode="dense"), "mode"),
+        (lambda: prefix_patches(tiny_model("bert"), C, x), "both directions"),
+        (lambda: prefix_patches(tiny_model("gpt_neo"),
+                                random_ids(1, 12, 0, low=2), x), "window"),
+        (lambda: prefix_patches(tiny_model("bloom"), C, x), "position_ids"),
+        (lambda: prefix_updates(m, C.expand(3, 6), x), "one sequence"),
+        (lambda: token_updates(m, C, x, method="fast"), "method"),
+        (lambda: bench_hf_trajectory(n=0, model=m), "positive integer"),
+        (lambda: bench_hf_trajectory(n=4, loop_prefixes=1, model=m), ">= 2"),
+        (lambda: roc_auc([], [1.]), "at least one"),
+    ]
+    for f, msg in cases:
+        with pytest.raises((ValueError, TypeError), match=msg):
+            f()
+    m.train()
+    with pytest.raises(ValueError, match="eval"):
+        prefix_patches(m, C, x)
+
+
+def test_weights_unchanged_after_an_error():
+    m = tiny_model("llama", "float64", seed=3)
+    before = snapshot(m)
+    C, x = random_ids(1, 6, 0, low=2), random_ids(1, 1, 1, low=2)
+    with pytest.raises(ValueError):
+        prefix_patches(m, C, x, chunk=-1)
+    P = prefix_patches(m, C, x)
+    assert len(P) == 3
+    after = m.state_dict()
+    assert all(torch.equal(v, after[k]) for k, v in before.items())
+    assert sum(len(mod._forward_hooks) + len(mod._forward_pre_hooks)
+               for mod in m.modules()) == 0
+
+
+def test_roc_auc_and_scores():
+    assert roc_auc([3., 4.], [1., 2.]) == 1.
+    assert roc_auc([1., 2.], [3., 4.]) == 0.
+    assert roc_auc([1.], [1.]) == .5
+    U = torch.ones(20, 2); U[5:7] = 4.
+    sc, ex = example_scores(U, [(1, 3), (5, 7), (9, 11)])
+    assert torch.allclose(sc[1], torch.full((2,), 4.))
+
+
+@pytest.fixture(scope="module")
+def smollm2():
+    from icl_book.weights import load_pretrained
+    return load_pretrained("smollm2")
+
+
+@needs_smollm2
+def test_smollm2_one_pass_equals_loop_float32(smollm2):
+    model, tok = smollm2
+    ids = random_ids(1, 17, 11, vocab=model.config.vocab_size)
+    before = {k: v.clone() for k, v in list(model.state_dict().items())[:6]}
+    U1 = token_updates(model, ids[:, :16], ids[:, 16:], chunk=6)
+    U0 = token_updates_loop(model, ids[:, :16], ids[:, 16:])
+    assert max(rel_err(U1[:, l], U0[:, l]) for l in range(30)) < 1e-5
+    after = model.state_dict()
+    assert all(torch.equal(v, after[k]) for k, v in before.items())
+
+
+@needs_smollm2
+def test_smollm2_prompts(smollm2):
+    model, tok = smollm2
+    for kind in ("few-shot", "repeated", "random"):
+        assert convergence_prompt(tok, kind, 40, 1).shape == (1, 41)
+    with pytest.raises(ValueError, match="prose"):
+        convergence_prompt(tok, "prose", 40)
+    with pytest.raises(ValueError, match="fewer"):
+        convergence_prompt(tok, "prose", 400, prose="Too short.")
+    pr = capital_prompt(tok, seed=1)
+    a, b = pr["wrong"]["spans"][pr["j"]]
+    got = tok.decode(pr["wrong"]["ids"][0, a:b]).strip()
+    assert got == pr["wrong_capital"]
+    assert 1 <= pr["j"] <= 6 and PROMPT_KINDS[0] == "prose"
+
+
+@needs_smollm2
+def test_bench_hf_trajectory_small(smollm2):
+    model, _ = smollm2
+    r = bench_hf_trajectory(n=16, loop_prefixes=3, model=model)
+    assert r["max_rel_diff"] < 1e-5 and r["speedup"] > 0
+    assert {"speedup", "forward_ratio", "max_rel_diff"} <= set(r)
+
+
+@needs_smollm2
+def test_cli_bench_hf_trajectory_prints_one_json_line():
+    import json
+    import os
+    import subprocess
+    import sys
+    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+    r = subprocess.run([sys.executable, "-m", "icl_book", "bench",
+                        "hf-trajectory", "--n", "8", "--repeats", "1"],
+                       capture_output=True, text=True, env=env, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    res = json.loads(r.stdout.strip().splitlines()[-1])
+    assert res["n"] == 8 and res["max_rel_diff"] < 1e-5
+    assert {"speedup", "forward_ratio"} <= set(res)
