@@ -19,6 +19,11 @@ from .families import (Adapter, FAMILIES, SUPPORTED, TINY_ARCHS,
 from .weights import (INSTALL, WHEELS, cache_dir, load_pretrained,
                               missing, weights_path)
 
+# %% auto #0
+__all__ = ['LayerPatch', 'HFPatch', 'context_patches', 'patched', 'patch_errors', 'plot_layer_errors', 'generate_without_context',
+           'token_updates_loop', 'token_updates', 'plot_token_updates', 'bench_hf']
+
+# %% ../nbs/11b_patches.ipynb #25552293
 _MOVED = ('pad_batch', 'prompt_states', 'fit_thought_patch', 'ThoughtPatch',
           'thought_patched', 'teacher_forced', 'compression_metrics',
           'CompressionConfig', 'THOUGHT_KINDS', 'capitals', '_hook_all',
@@ -31,10 +36,6 @@ def __getattr__(name: str):
         import importlib
         return getattr(importlib.import_module('icl_book.compression'), name)
     raise AttributeError(f"module 'icl_book.hf' has no attribute {name!r}")
-
-# %% auto #0
-__all__ = ['LayerPatch', 'HFPatch', 'context_patches', 'patched', 'patch_errors', 'plot_layer_errors', 'generate_without_context',
-           'token_updates_loop', 'token_updates', 'plot_token_updates', 'bench_hf']
 
 # %% ../nbs/11b_patches.ipynb #c00511b
 class LayerPatch(NamedTuple):
