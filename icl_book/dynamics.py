@@ -41,9 +41,9 @@ def _inv_sq_norm(a: torch.Tensor, what: str) -> torch.Tensor:
     return 1 / n2
 
 class ImplicitGD(NamedTuple):
-    "Steps W_{i+1} = W_i - h_i ∇L_i, with ∇L_i = -(W δ_i) r_iᵀ."
-    h: torch.Tensor       # step sizes (..., n)
-    delta: torch.Tensor   # the tokens' contributions δ_i (..., n, d)
+    "Steps W_{i+1} = W_i - γ_i ∇L_i, with ∇L_i = -(W delta_i) ref_iᵀ."
+    h: torch.Tensor       # step sizes γ_i (..., n)
+    delta: torch.Tensor   # the tokens' contributions ΔA_{i+1} / Δa_k (..., n, d)
     ref: torch.Tensor     # right factors r_i (..., n, d)
     current: bool         # W is the current iterate (True) or W_0 (False)
 
@@ -398,7 +398,7 @@ def plot_trajectory_dynamics(curves: dict):
         ax.set(xscale='log', yscale='log', xlabel='context length $i$',
                title=title)
     axs[0, 0].set_ylabel('Frobenius norm (mean over tasks)')
-    axs[0, 0].legend(fontsize=7, loc='lower left'); fig.tight_layout()
+    axs[0, 0].legend(fontsize=10, loc='lower left'); fig.tight_layout()
     return fig
 
 # %% ../nbs/04_dynamics.ipynb #fc8c298a
