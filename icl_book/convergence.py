@@ -128,6 +128,6 @@ def plot_attention_vs_rnn(curves: dict, q: tuple = (0.25, 0.75)):
                title='(a) implicit increments')
     axs[1].set(ylabel='relative to the first 10% of positions',
                title='(b) the same, normalised per task')
-    axs[0].legend(fontsize=7, ncol=2); axs[1].legend(handles=[guide], fontsize=7)
+    axs[0].legend(fontsize=10, ncol=2); axs[1].legend(handles=[guide], fontsize=10)
     fig.tight_layout()
     return fig
