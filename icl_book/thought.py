@@ -251,7 +251,7 @@ def plot_thought_curves(df):
     "Figure: relative train/test error of the least-squares thought patch vs K."
     import matplotlib.pyplot as plt
     from icl_book.core import set_style
-    set_style(); fig, ax = plt.subplots(figsize=(7, 4))
+    set_style(); fig, ax = plt.subplots(figsize=(7, 5.5))
     d = df[df.kind == 'lstsq'].assign(tr=lambda x: x.train / x.none_train,
                                       te=lambda x: x.test / x.none_test)
     m = d.groupby(['n', 'K'])[['tr', 'te']].mean().reset_index()
@@ -262,11 +262,13 @@ def plot_thought_curves(df):
     Kmax = df.K.max(); b = df[df.K == Kmax]
     for j, kind in enumerate(('bias', 'average', 'lstsq_w')):
         r = (b[b.kind == kind].test / b[b.kind == kind].none_test).mean()
-        ax.axhline(r, ls=':', c=f'C{j + 3}', label=f'{kind} (K = {Kmax}, test)')
+        ax.plot([Kmax], [r], marker='D^v'[j], ls='none', ms=8, c=f'C{j + 3}',
+                label=f'{kind} (only at K = {Kmax}, test)')
     ax.axhline(1, c='grey', lw=1, label='no patch')
     ax.set(xscale='log', yscale='log', xlabel='calibration queries $K$',
            ylabel='error / no-patch error')
-    ax.legend(fontsize=7, ncol=2); fig.tight_layout(); return fig
+    ax.legend(fontsize=9, ncol=2, loc='upper center', bbox_to_anchor=(0.5, -0.18),
+              frameon=False); fig.tight_layout(); return fig
 
 # %% ../nbs/09_thought_patch.ipynb #2a74f090
 def reproduce_thought_patch(n: int = 40, Ks=(1, 4, 16, 64, 256), tasks: int = 3,
