@@ -300,6 +300,8 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
             'icl_book.finetune': { 'icl_book.finetune.Explicit': ('finetuning.html#explicit', 'icl_book/finetune.py'),
                                    'icl_book.finetune.FinetuneConfig': ('finetuning.html#finetuneconfig', 'icl_book/finetune.py'),
                                    'icl_book.finetune.Implicit': ('finetuning.html#implicit', 'icl_book/finetune.py'),
+                                   'icl_book.finetune._cov_ellipse': ('finetuning.html#_cov_ellipse', 'icl_book/finetune.py'),
+                                   'icl_book.finetune._legend_below': ('finetuning.html#_legend_below', 'icl_book/finetune.py'),
                                    'icl_book.finetune._one_block': ('finetuning.html#_one_block', 'icl_book/finetune.py'),
                                    'icl_book.finetune._permuted': ('finetuning.html#_permuted', 'icl_book/finetune.py'),
                                    'icl_book.finetune._plot_cosines': ('finetuning.html#_plot_cosines', 'icl_book/finetune.py'),

@@ -267,7 +267,7 @@ def plot_thought_curves(df):
     ax.axhline(1, c='grey', lw=1, label='no patch')
     ax.set(xscale='log', yscale='log', xlabel='calibration queries $K$',
            ylabel='error / no-patch error')
-    ax.legend(fontsize=9, ncol=2, loc='upper center', bbox_to_anchor=(0.5, -0.18),
+    ax.legend(fontsize=10, ncol=2, loc='upper center', bbox_to_anchor=(0.5, -0.18),
               frameon=False); fig.tight_layout(); return fig
 
 # %% ../nbs/09_thought_patch.ipynb #2a74f090
