@@ -549,7 +549,7 @@ def plot_factors(runs: dict, layers):
                color='0.5', capsize=3, label='null ± 2 sd')
     c.plot(l, layers['median'], 'C0o-', ms=4, label='median cosine')
     c.axhline(0, color='k', lw=0.5)
-    c.set(xlabel='block $\ell$', title='(c) attn10, layer by layer',
+    c.set(xlabel=r'block $\ell$', title='(c) attn10, layer by layer',
           ylabel=r'$\cos(D^{(\ell)}_i, -\nabla_{W_\ell}\ell_{i+1})$')
     _legend_below(c); fig.tight_layout(h_pad=2)
     return fig
