@@ -454,6 +454,7 @@ def plot_equivalence(rows) -> 'matplotlib.figure.Figure':
                'depth' else 'context length $N$ (depth 10)')
     axes[1].set_xscale('log', base=2)
     axes[1].set_xticks([1, 8, 64, 512], ['1', '8', '64', '512'])
-    axes[0].set_ylabel('max relative error over layers')
+    for ax in axes: ax.set_ylabel('max relative error over layers')
+    axes[1].yaxis.set_tick_params(labelleft=True)
     axes[0].legend(fontsize=10); fig.tight_layout()
     return fig

@@ -164,5 +164,5 @@ def plot_patch_errors(errors):
                   log_scale=True, jitter=0.15, size=6)
     for eps, dt in ((2.2e-16, 'float64'), (1.2e-7, 'float32')):
         ax.axvline(eps, ls=':', c='grey'); ax.text(eps, -0.6, f' eps {dt}', fontsize=10)
-    ax.set(xlabel='relative error of the patched block', ylabel='')
+    ax.set(xlabel='relative error of the patched block', ylabel='contextual layer')
     fig.tight_layout(); return fig
