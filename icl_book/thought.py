@@ -24,7 +24,7 @@ __all__ = ['FIT_KINDS', 'fit_linear_patch', 'block_thought_data', 'fit_block_tho
 def fit_linear_patch(A: torch.Tensor, V: torch.Tensor, lam: float = 0.0,
                      rank: Optional[int] = None, bias: bool = False,
                      rcond: float = 1e-10):
-    "Least-squares M (H, d), β (H,) or None with M a_k + β ≈ v_k; A (K, d), V (K, H)."
+    "Least-squares M (H, d), β (H,) or None with M a_k + β ≈ u_k; A (K, d), V (K, H) rows u_k."
     check_same(A=A, V=V)
     if not A.dtype.is_floating_point:
         raise TypeError(f"A and V must be floating tensors, got {A.dtype}: "
@@ -53,7 +53,7 @@ def fit_linear_patch(A: torch.Tensor, V: torch.Tensor, lam: float = 0.0,
 
 # %% ../nbs/09_thought_patch.ipynb #d1d75200
 def block_thought_data(block: ContextualBlock, C: torch.Tensor, X: torch.Tensor):
-    "Regression data of the static patch: a_k = A(x_k) (K, d), v_k (K, H)."
+    "Regression data of the static patch: a_k = A(x_k) (K, d), u_k = W ΔA_k (K, H)."
     if C.dim() != 2 or X.dim() != 2:
         raise ValueError(f"C must be one context (n, d) and X queries (K, d); got "
                          f"{tuple(C.shape)} and {tuple(X.shape)}")
