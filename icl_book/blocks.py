@@ -74,22 +74,22 @@ def _visible(r: slice, n: int, shift, mask, device) -> torch.Tensor:
     return m
 
 def _attend_chunks(mix, q, k, v, qv_self, shift, mask, budget) -> torch.Tensor:
-    "Heads q (B, h, S, d_h) attend to k, v (B, h, n, d_h) by chunks of rows."
-    (B, h, S, dh), n = q.shape, k.shape[2]
-    rows = max(1, budget // (B * h * (n + 1)))
+    "Heads q (B, n_h, S, d_h) attend to k, v (B, n_h, n, d_h) by chunks of rows."
+    (B, nh, S, dh), n = q.shape, k.shape[2]
+    rows = max(1, budget // (B * nh * (n + 1)))
     out = q.new_empty(q.shape)          # filled in place: the heap stays flat
     for r in (slice(a, min(S, a + rows)) for a in range(0, S, rows)):
         see = n if shift is None else max(0, min(n, r.stop - 1 + shift))
         qr, m = q[:, :, r], _visible(r, see, shift, mask, q.device)
         if see == 1: sc = (qr * k[:, :, :1]).sum(-1, keepdim=True)  # no bmm
-        else: sc = qr @ k[:, :, :see].transpose(-1, -2)  # (B, h, r, see)
+        else: sc = qr @ k[:, :, :see].transpose(-1, -2)  # (B, n_h, r, see)
         if qv_self is not None:                        # own key, last
             ks, vs = (t[:, :, r] for t in qv_self)
             sc = torch.cat([sc, (qr * ks).sum(-1, keepdim=True)], -1)
             m = torch.cat([m.expand(*m.shape[:-1], see),
                            m.new_ones(*m.shape[:-1], 1)], -1)
         p = mix(sc.div_(math.sqrt(dh)), m)
-        o = (p[..., :1] * v[:, :, :1] if see == 1      # (B, h, r, d_h)
+        o = (p[..., :1] * v[:, :, :1] if see == 1      # (B, n_h, r, d_h)
              else p[..., :see] @ v[:, :, :see])
         out[:, :, r] = o + p[..., see:] * vs if qv_self is not None else o
     return out
@@ -112,12 +112,12 @@ class Attention(ContextualLayer):
         raise NotImplementedError
     def _fused(self) -> bool: return False      # may attend use torch's SDPA?
     def _heads(self, t: torch.Tensor) -> torch.Tensor:
-        B, T, d = t.shape                                  # -> (B, h, T, d_h)
+        B, T, d = t.shape                                  # -> (B, n_h, T, d_h)
         return t.view(B, T, self.heads, d // self.heads).transpose(1, 2)
     def attend(self, Zq, Zkv, shift=None, mask=None, with_self=False):
         "Zq (B, S, d) attends to Zkv (B, n, d) [+ itself]; chunked queries."
         (B, S, d), n = Zq.shape, Zkv.shape[1]
-        q = self._heads(self.q(Zq))                        # (B, h, S, d_h)
+        q = self._heads(self.q(Zq))                        # (B, n_h, S, d_h)
         k, v = self._heads(self.k(Zkv)), self._heads(self.v(Zkv))
         if self._fused() and mask is None and not with_self and (
                 shift is None or (shift == 1 and S == n)):  # torch's own kernel
@@ -287,9 +287,9 @@ class MLP(nn.Module):
         return pre if db is None else pre + db
 
     def _hidden(self, pre: torch.Tensor) -> torch.Tensor:
-        h = ACTS[self.act](pre)
-        for lin in self.layers[1:-1]: h = ACTS[self.act](lin(h))
-        return h
+        g = ACTS[self.act](pre)                     # what W_out will read
+        for lin in self.layers[1:-1]: g = ACTS[self.act](lin(g))
+        return g
 
     def hidden(self, z, dW=None, db=None) -> torch.Tensor:
         "What the last dense layer reads when the MLP reads z (..., H)."
@@ -297,9 +297,9 @@ class MLP(nn.Module):
 
     def rest(self, pre: torch.Tensor, dW_out=None, db_out=None) -> torch.Tensor:
         "f_θ: everything after the first dense layer (optionally updated)."
-        h = self._hidden(pre)
+        g = self._hidden(pre)
         last = self.layers[-1]
-        out = last(h) + apply_update(dW_out, h, last.weight.shape[0])
+        out = last(g) + apply_update(dW_out, g, last.weight.shape[0])
         return out if db_out is None else out + db_out
     def forward(self, z, dW=None, dW_out=None, db_out=None,
                 db=None) -> torch.Tensor:

@@ -16,13 +16,13 @@ from .thought import (fit_stack_thought_patch, stack_patch_error,
 __all__ = ['rome_edit', 'memit_edit', 'steering_comparison', 'monitor_increments', 'plot_monitor']
 
 # %% ../nbs/10_bridges.ipynb #4f6cc960
-def rome_edit(W: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+def rome_edit(W: torch.Tensor, k: torch.Tensor, o: torch.Tensor,
               cov=None) -> torch.Tensor:
-    "ROME's rank-one edit P with (W + P) k = v, least tr(P Σ Pᵀ); W (H, d), k (d,), v (H,)."
-    check_same(W=W, k=k, v=v, cov=cov)
-    if W.dim() != 2 or k.shape != (W.shape[1],) or v.shape != (W.shape[0],):
-        raise ValueError(f"need W (H, d), k (d,), v (H,); got {tuple(W.shape)}, "
-                         f"{tuple(k.shape)}, {tuple(v.shape)}")
+    "ROME's rank-one edit P with (W + P) k = o, least tr(P Σ Pᵀ); W (H, d), k (d,), o (H,)."
+    check_same(W=W, k=k, o=o, cov=cov)
+    if W.dim() != 2 or k.shape != (W.shape[1],) or o.shape != (W.shape[0],):
+        raise ValueError(f"need W (H, d), k (d,), o (H,); got {tuple(W.shape)}, "
+                         f"{tuple(k.shape)}, {tuple(o.shape)}")
     if cov is not None and cov.shape != (k.shape[0],) * 2:
         raise ValueError(f"the key covariance cov must be (d, d) = "
                          f"{(k.shape[0],) * 2}, got {tuple(cov.shape)}")
@@ -30,17 +30,20 @@ def rome_edit(W: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     kSk = k @ Sk
     if not kSk > torch.finfo(k.dtype).tiny:
         raise ValueError(f"kᵀ Σ⁻¹ k = {kSk.item():.3g}: the key k is zero (or "
-                         "cov not positive definite), so no edit maps it to v")
-    return torch.outer(v - W @ k, Sk) / kSk
+                         "cov not positive definite), so no edit maps it to o")
+    return torch.outer(o - W @ k, Sk) / kSk
 
 # %% ../nbs/10_bridges.ipynb #44a1c240
-def memit_edit(K: torch.Tensor, R: torch.Tensor, C0: torch.Tensor) -> torch.Tensor:
-    "MEMIT's batch update R Kᵀ (C0 + K Kᵀ)⁻¹; keys K (d, m), residuals R (H, m), C0 (d, d)."
-    check_same(K=K, R=R, C0=C0)
-    if K.dim() != 2 or R.dim() != 2 or K.shape[1] != R.shape[1] or C0.shape != (K.shape[0],) * 2:
-        raise ValueError(f"need K (d, m), R (H, m), C0 (d, d); got {tuple(K.shape)}, "
-                         f"{tuple(R.shape)}, {tuple(C0.shape)}")
-    return torch.linalg.solve(C0 + K @ K.T, K @ R.T).T          # C0 + KKᵀ is symmetric
+def memit_edit(Phi: torch.Tensor, R: torch.Tensor, Lambda0: torch.Tensor) -> torch.Tensor:
+    "MEMIT's batch update R Φᵀ (Λ0 + Φ Φᵀ)⁻¹; keys Φ (d, m), residuals R (H, m), Λ0 (d, d)."
+    check_same(Phi=Phi, R=R, Lambda0=Lambda0)
+    if (Phi.dim() != 2 or R.dim() != 2 or Phi.shape[1] != R.shape[1]
+            or Lambda0.shape != (Phi.shape[0],) * 2):
+        raise ValueError(f"need keys Phi (d, m), residuals R (H, m) and the "
+                         f"preservation covariance Lambda0 (d, d) (MEMIT's C0); "
+                         f"got {tuple(Phi.shape)}, {tuple(R.shape)}, "
+                         f"{tuple(Lambda0.shape)}")
+    return torch.linalg.solve(Lambda0 + Phi @ Phi.T, Phi @ R.T).T  # symmetric
 
 # %% ../nbs/10_bridges.ipynb #b5542b97
 def steering_comparison(model: str = 'attn10', n: int = 40, K: int = 256,
@@ -96,7 +99,7 @@ def plot_monitor(res):
         tot = s.sum(0)                                         # (n-1,)
         ax.plot(range(2, len(tot) + 2), tot, label=name, lw=1.5)
     ax.axvline(res['j'] + 1, c='grey', ls=':', lw=1)
-    ax.text(res['j'] + 1.3, ax.get_ylim()[1] * 0.95, 'altered example', fontsize=8, va='top')
+    ax.text(res['j'] + 1.3, ax.get_ylim()[1] * 0.95, 'altered example', fontsize=10, va='top')
     ax.set(xlabel='context token $i$',
            ylabel=r'$\sum_\ell \|\Delta W^{\ell}_{i} - \Delta W^{\ell}_{i-1}\|_F$')
     ax.legend(); fig.tight_layout(); return fig

@@ -101,7 +101,7 @@ def plot_attention_vs_rnn(curves: dict, q: tuple = (0.25, 0.75)):
     from icl_book.core import set_style
     set_style()
     label = {'attn1': 'attention', 'gru1': 'GRU', 'lstm1': 'LSTM'}
-    fig, axs = plt.subplots(1, 2, figsize=(11, 4))
+    fig, axs = plt.subplots(2, 1, figsize=(7, 10))
     for c, (name, cv) in enumerate(curves.items()):
         for ax, norm in zip(axs, (False, True)):
             for kind, ls in (('trained', '-'), ('untrained', ':')):
@@ -128,6 +128,8 @@ def plot_attention_vs_rnn(curves: dict, q: tuple = (0.25, 0.75)):
                title='(a) implicit increments')
     axs[1].set(ylabel='relative to the first 10% of positions',
                title='(b) the same, normalised per task')
-    axs[0].legend(fontsize=7, ncol=2); axs[1].legend(handles=[guide], fontsize=7)
-    fig.tight_layout()
+    axs[0].legend(fontsize=10, ncol=2, loc='upper center', frameon=False,
+                  bbox_to_anchor=(0.5, -0.15))
+    axs[1].legend(handles=[guide], fontsize=10, loc='lower left')
+    fig.tight_layout(h_pad=2)
     return fig

@@ -10,7 +10,7 @@ import torch
 
 # %% auto #0
 __all__ = ['DTYPES', 'TOLERANCE', 'check_int', 'seed_everything', 'resolve_dtype', 'rel_err', 'check_same', 'check_finite',
-           'set_style', 'glue_figure']
+           'set_style', 'glue_figure', 'table_style']
 
 # %% ../nbs/00_core.ipynb #8f510863
 def check_int(name: str, value, low: int = 1, high=None) -> int:
@@ -89,7 +89,9 @@ def set_style() -> None:
     import matplotlib as mpl, seaborn as sns
     sns.set_theme(context='notebook', style='whitegrid', palette='colorblind')
     mpl.rcParams.update({'figure.dpi': 100, 'savefig.dpi': 150,
-                         'figure.figsize': (6.4, 4.0), 'axes.titlesize': 'medium'})
+                         'figure.figsize': (6.4, 4.0), 'axes.titlesize': 'medium',
+                         'figure.facecolor': 'white', 'axes.facecolor': 'white',
+                         'savefig.facecolor': 'white', 'savefig.transparent': False})
 
 # %% ../nbs/00_core.ipynb #392bbb00
 def glue_figure(name: str, fig) -> None:
@@ -98,3 +100,10 @@ def glue_figure(name: str, fig) -> None:
     import matplotlib.pyplot as plt
     glue(name, fig, display=False)                # the figure is rendered now...
     plt.close(fig)                                # ...so closing it loses nothing
+
+# %% ../nbs/00_core.ipynb #a1c0tab2
+def table_style(df, fmt='{:.2e}'):
+    "A pandas Styler of `df`: numbers formatted by `fmt` (str, dict or callable), padded cells."
+    return (df.style.format(fmt)
+            .set_table_styles([{'selector': 'th, td',
+                                'props': 'padding: 0.2em 0.8em; text-align: right;'}]))

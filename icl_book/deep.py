@@ -90,11 +90,11 @@ def block_patch_factors(block: PreLNBlock, h_ctx: torch.Tensor,
                          f"may have size 1 in a leading dim); got "
                          f"{tuple(h_ctx.shape)} and {tuple(z_free.shape)}")
     h_free = attention_residual(block, z_free).expand_as(h_ctx)  # (..., q, d)
-    a_ctx, a_free = block.ln2(h_ctx), block.ln2(h_free)     # MLP inputs
-    dW = token_patch_factors(block.mlp.W, a_ctx, a_free, min_norm)
+    ln_ctx, a = block.ln2(h_ctx), block.ln2(h_free)   # LN2 h_i; reference a_i
+    dW = token_patch_factors(block.mlp.W, ln_ctx, a, min_norm)
     delta = h_ctx - h_free                                  # residual diff.
     if mode == 'bias': return BlockPatch(dW, delta, None)
-    g = _mlp_last_input(block.mlp, a_ctx)                   # (..., q, H)
+    g = _mlp_last_input(block.mlp, ln_ctx)                  # (..., q, H)
     g2 = (g * g).sum(-1, keepdim=True)
     if not (g2 > torch.finfo(g.dtype).tiny).all():
         raise ValueError("the MLP's last hidden layer is zero at some query "
@@ -454,6 +454,7 @@ def plot_equivalence(rows) -> 'matplotlib.figure.Figure':
                'depth' else 'context length $N$ (depth 10)')
     axes[1].set_xscale('log', base=2)
     axes[1].set_xticks([1, 8, 64, 512], ['1', '8', '64', '512'])
-    axes[0].set_ylabel('max relative error over layers')
-    axes[0].legend(fontsize=8); fig.tight_layout()
+    for ax in axes: ax.set_ylabel('max relative error over layers')
+    axes[1].yaxis.set_tick_params(labelleft=True)
+    axes[0].legend(fontsize=10); fig.tight_layout()
     return fig

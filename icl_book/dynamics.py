@@ -41,9 +41,9 @@ def _inv_sq_norm(a: torch.Tensor, what: str) -> torch.Tensor:
     return 1 / n2
 
 class ImplicitGD(NamedTuple):
-    "Steps W_{i+1} = W_i - h_i ∇L_i, with ∇L_i = -(W δ_i) r_iᵀ."
-    h: torch.Tensor       # step sizes (..., n)
-    delta: torch.Tensor   # the tokens' contributions δ_i (..., n, d)
+    "Steps W_{i+1} = W_i - γ_i ∇L_i, with ∇L_i = -(W delta_i) ref_iᵀ."
+    h: torch.Tensor       # step sizes γ_i (..., n)
+    delta: torch.Tensor   # the tokens' contributions ΔA_{i+1} / Δa_k (..., n, d)
     ref: torch.Tensor     # right factors r_i (..., n, d)
     current: bool         # W is the current iterate (True) or W_0 (False)
 
@@ -384,9 +384,9 @@ def plot_trajectory_dynamics(curves: dict):
     import matplotlib.pyplot as plt
     from icl_book.core import set_style
     set_style()
-    fig, axs = plt.subplots(1, len(curves), figsize=(10, 4), sharey=True,
-                            squeeze=False)
-    for ax, (title, models) in zip(axs[0], curves.items()):
+    fig, axs = plt.subplots(len(curves), 1, figsize=(7, 4.6 * len(curves)),
+                            sharey=True, squeeze=False)
+    for ax, (title, models) in zip(axs[:, 0], curves.items()):
         for c, (label, (stats, layer)) in enumerate(models.items()):
             norm, step = stats.mean('norm')[layer], stats.mean('step')[layer]
             i = torch.arange(1, len(norm) + 1)                   # i = 1..n
@@ -397,8 +397,9 @@ def plot_trajectory_dynamics(curves: dict):
         ax.plot(i, 1. / i, 'k:', lw=1, label=r'$1/i$')
         ax.set(xscale='log', yscale='log', xlabel='context length $i$',
                title=title)
-    axs[0, 0].set_ylabel('Frobenius norm (mean over tasks)')
-    axs[0, 0].legend(fontsize=7, loc='lower left'); fig.tight_layout()
+    for ax in axs[:, 0]: ax.set_ylabel('Frobenius norm (mean over tasks)')
+    axs[-1, 0].legend(fontsize=10, ncol=2, loc='upper center', frameon=False,
+                      bbox_to_anchor=(0.5, -0.18)); fig.tight_layout(h_pad=2)
     return fig
 
 # %% ../nbs/04_dynamics.ipynb #fc8c298a

@@ -84,7 +84,9 @@ def plot_context_vs_patch(log: dict, refs: dict, curve: dict, untrained: dict):
     import matplotlib.pyplot as plt
     from icl_book.core import set_style
     set_style()
-    fig, (a, b, c) = plt.subplots(1, 3, figsize=(13, 4))
+    fig, (a, b, c) = plt.subplots(3, 1, figsize=(7, 14))
+    below = dict(loc='upper center', bbox_to_anchor=(0.5, -0.2), ncol=2,
+                 fontsize=10, frameon=False)     # legends off the data
     s = log['step']
     a.plot(s[1:], log['train'][1:], color='0.75', lw=1, label='train')
     a.plot(s, log['test_ctx'], 'C0', lw=2, label='test, with context')
@@ -96,14 +98,15 @@ def plot_context_vs_patch(log: dict, refs: dict, curve: dict, untrained: dict):
                   label='OLS' if k == 'ols' else k)
     a.set(yscale='log', xlabel='training step', ylabel='test MSE',
           title='(a) over training')
-    a.legend(fontsize=7)
+    a.legend(**below)
     diff = [abs(p - q) / q for p, q in zip(log['test_patched'], log['test_ctx'])]
     b.plot(s, [max(x, 1e-12) for x in diff], 'C1o', ms=3,
            label='relative loss gap (0 drawn at $10^{-12}$)')
     b.plot(s, log['patch_err'], 'C3s', ms=3, label='largest prediction gap / rms')
     b.set(yscale='log', xlabel='training step', ylim=(1e-12, 1e-3),
+          ylabel='relative gap',
           title='(b) close-up: patched vs with context')
-    b.legend(fontsize=7)
+    b.legend(**below)
     n = curve['n']
     c.plot(n, curve['test_ctx'], 'C0o-', ms=3, label='trained, with context')
     c.plot(n, curve['test_patched'], 'C1x--', ms=5, label='trained, patched')
@@ -112,7 +115,8 @@ def plot_context_vs_patch(log: dict, refs: dict, curve: dict, untrained: dict):
     c.plot(n, curve['ridge'], 'k-.', lw=1, label='ridge (Bayes)')
     c.plot(n, curve['ols'], 'k:', lw=1, label='OLS')
     c.set(yscale='log', ylim=(3e-3, 30), xlabel='context examples $n$',
+          ylabel='test MSE',
           title='(c) over the number of examples')
-    c.legend(fontsize=7)
+    c.legend(**below)
     fig.tight_layout()
     return fig

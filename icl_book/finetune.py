@@ -4,6 +4,7 @@
 
 # %% ../nbs/07_finetuning.ipynb #d1f766af
 from __future__ import annotations
+import math
 from dataclasses import dataclass
 from typing import NamedTuple, Optional
 import torch
@@ -50,13 +51,13 @@ def _one_block(model):
     return model.blocks[0]
 
 def mlp_input(model, tokens: torch.Tensor) -> tuple:
-    "Residual h and MLP input a, (B, m, D), of tokens (B, m, d+1) run alone."
+    "Residual h and MLP input z, (B, m, D), of tokens (B, m, d+1) run alone."
     blk = _one_block(model)
     B, m, _ = tokens.shape
     Z = model.embed(tokens).reshape(B * m, 1, -1)           # each token alone
     if isinstance(model, PlainModel):
-        a = blk.layer.seq(Z).view(B, m, -1)                  # A(t)
-        return torch.zeros_like(a), a
+        z = blk.layer.seq(Z).view(B, m, -1)                  # A(t)
+        return torch.zeros_like(z), z
     h = attention_residual(blk, Z).view(B, m, -1)            # (B, m, D)
     return h, blk.ln2(h)
 
@@ -72,16 +73,16 @@ def example_grads(model, tokens: torch.Tensor, y: Optional[torch.Tensor] = None,
     "Predictions (B, m) of tokens (B, m, d+1) run alone; ∇_W ½(f - y)² factors."
     blk = _one_block(model)
     with torch.no_grad():
-        h, a = mlp_input(model, tokens)                         # (B, m, D)
-        pre = F.linear(a, blk.mlp.W, blk.mlp.b)                 # (B, m, H)
-        if offset is not None:                                  # Σ_k u_k (v_k·a)
-            pre = pre + (a @ offset.v.transpose(1, 2)) @ offset.u
+        h, z = mlp_input(model, tokens)                         # (B, m, D)
+        pre = F.linear(z, blk.mlp.W, blk.mlp.b)                 # (B, m, H)
+        if offset is not None:                                  # Σ_k u_k (v_k·z)
+            pre = pre + (z @ offset.v.transpose(1, 2)) @ offset.u
     pre.requires_grad_(True)
     with torch.enable_grad():
         f = output_from(model, h, pre)                          # (B, m)
         if y is None: return f.detach(), None
-        delta, = torch.autograd.grad(0.5 * (f - y).pow(2).sum(), pre)
-    return f.detach(), RankOne(delta, a)                        # ∇ = δ aᵀ
+        rho, = torch.autograd.grad(0.5 * (f - y).pow(2).sum(), pre)
+    return f.detach(), RankOne(rho, z)                          # ∇ = ρ zᵀ
 
 # %% ../nbs/07_finetuning.ipynb #f8737e7b
 def as_queries(X: torch.Tensor) -> torch.Tensor:
@@ -119,7 +120,7 @@ class Implicit(NamedTuple):
     preds: torch.Tensor      # patched predictions for prefixes 0..n (B, n+1)
     steps: RankOne           # D_i = ΔW_{i+1} - ΔW_i: u (B, n, H), v (B, n, D)
     db: torch.Tensor         # steering vectors Δb_i for prefixes 0..n (B, n+1, D)
-    h: torch.Tensor          # the step size 1/||a_0||² (B,)
+    h: torch.Tensor          # the step size γ = 1/||A_0||² (B,)
 
 def prefix_patches(model, C: torch.Tensor, x: torch.Tensor) -> tuple:
     "ΔW_i factors (B, n, H|D) and steering vectors Δb_i (B, n, D), i = 1..n."
@@ -212,9 +213,9 @@ def query_grads(model, p: Prompts, imp: Implicit,
     blk, n = _one_block(model), p.n
     du = imp.steps.u                                        # (B, n, H)
     with torch.no_grad():
-        h0, a0 = mlp_input(model, p.tokens[:, n:n + 1])     # (B, 1, D)
-        Wa = F.linear(a0, blk.mlp.W, blk.mlp.b)             # (B, 1, H)
-        pre = Wa + torch.cumsum(du, 1) - du                 # W a_i + b
+        h0, A0 = mlp_input(model, p.tokens[:, n:n + 1])     # (B, 1, D)
+        WA0 = F.linear(A0, blk.mlp.W, blk.mlp.b)            # (B, 1, H)
+        pre = WA0 + torch.cumsum(du, 1) - du                # W A_i + b
         hh = h0 + imp.db[:, :-1]                            # (B, n, D)
     pre.requires_grad_(True)
     with torch.enable_grad():
@@ -222,8 +223,8 @@ def query_grads(model, p: Prompts, imp: Implicit,
         if not torch.allclose(f.detach(), imp.preds[:, :-1], atol=1e-4):
             raise RuntimeError("rebuilt patched outputs disagree with the "
                                "implicit predictions")
-        delta, = torch.autograd.grad(0.5 * (f - target).pow(2).sum(), pre)
-    return RankOne(-delta, a0.expand_as(hh))
+        rho, = torch.autograd.grad(0.5 * (f - target).pow(2).sum(), pre)
+    return RankOne(-rho, A0.expand_as(hh))
 
 # %% ../nbs/07_finetuning.ipynb #2b36aca0
 def cumulative_scorer(P: RankOne, Q: RankOne):
@@ -415,8 +416,8 @@ def stack_example_grads(model, tokens: torch.Tensor, y: torch.Tensor) -> list:
                                      dbs)
     finally:
         for h in hooks: h.remove()
-    return [RankOne(g.view(B, m, -1), a.view(B, m, -1))
-            for g, a in zip(gs, ins)]
+    return [RankOne(rho.view(B, m, -1), z.view(B, m, -1))      # ∇ = ρ zᵀ
+            for rho, z in zip(gs, ins)]
 
 # %% ../nbs/07_finetuning.ipynb #4ab7dd65
 def increments(dW: RankOne) -> RankOne:
@@ -447,7 +448,12 @@ NAMES = {'example_grad': r'$\nabla\ell_{i+1}(W)$ (chosen)',
          'sgd_step': 'SGD step', 'test_grad': 'test-loss gradient',
          'next_pred_grad': 'next-prediction gradient'}
 
-def _plot_losses(ax, L: dict, title: str) -> None:
+def _legend_below(ax, ncol: int = 2, **kw) -> None:
+    "A legend under the axes, off the data."
+    ax.legend(loc='upper center', bbox_to_anchor=(0.5, -0.2), ncol=ncol,
+              fontsize=10, frameon=False, **kw)
+
+def _plot_losses(ax, L: dict, title: str, legend: bool = True) -> None:
     "Test MSE against the number of examples: implicit, explicit, baselines."
     ax.plot(L['n'], L['implicit'], 'C0o-', ms=3, label='implicit (in context)')
     ax.plot(L['n'], L['explicit'], 'C1s-', ms=3, label='explicit SGD on $W$')
@@ -455,10 +461,11 @@ def _plot_losses(ax, L: dict, title: str) -> None:
     ax.plot(L['n'], L['ols'], 'k:', lw=1, label='OLS')
     ax.set(yscale='log', ylim=(5e-3, 50), xlabel='examples $n$',
            ylabel='test MSE', title=title)
-    ax.legend(fontsize=7)
+    if legend: _legend_below(ax)
 
 # %% ../nbs/07_finetuning.ipynb #01487587
-def _plot_cosines(ax, al: dict, title: str, q: tuple = (0.25, 0.75)) -> None:
+def _plot_cosines(ax, al: dict, title: str, q: tuple = (0.25, 0.75),
+                  legend: bool = True) -> None:
     "Mean cosine per token of each candidate; band and null of the chosen one."
     for k, (name, lab) in enumerate(NAMES.items()):
         cos, null = al['cos'][name], al['null'][name]
@@ -475,32 +482,46 @@ def _plot_cosines(ax, al: dict, title: str, q: tuple = (0.25, 0.75)) -> None:
     ax.set(ylim=(-0.3, 1), xlabel='token $i$', ylabel=r'$\cos(D_i, -\nabla)$',
            title=title)
     ax.set_yscale('symlog', linthresh=1e-2)
-    ax.legend(fontsize=7)
+    if legend: _legend_below(ax)
 
 # %% ../nbs/07_finetuning.ipynb #0973b347
-def _plot_function(ax, al: dict, title: str) -> None:
+def _cov_ellipse(ax, x, y, color, ls, label) -> None:
+    "The 2-standard-deviation ellipse of the points (x, y)."
+    from matplotlib.patches import Ellipse
+    xy = torch.stack([x, y]).double()
+    ev, vec = torch.linalg.eigh(torch.cov(xy))
+    angle = math.degrees(math.atan2(vec[1, 1], vec[0, 1]))
+    ax.add_patch(Ellipse(xy.mean(1).tolist(), 4 * ev[1].clamp_min(0).sqrt().item(),
+                         4 * ev[0].clamp_min(0).sqrt().item(), angle=angle,
+                         fill=False, color=color, ls=ls, lw=2, label=label))
+def _plot_function(ax, al: dict, title: str, legend: bool = True) -> None:
     "Implicit against explicit change of the prediction, and the null."
-    dfi, dfe = al['df_implicit'], al['df_explicit']
-    ax.scatter(dfe[al['null_perm']].flatten(), dfi.flatten(), s=3, color='0.6',
-               alpha=0.5, label='null (deranged tasks)')
-    ax.scatter(dfe.flatten(), dfi.flatten(), s=3, color='C1', alpha=0.5,
-               label='same task')
-    ax.set(xlabel=r"explicit: $f_{W'_{i+1}}(x_q) - f_{W'_i}(x_q)$",
+    dfi, dfe = al['df_implicit'].flatten(), al['df_explicit']
+    same, null = dfe.flatten(), dfe[al['null_perm']].flatten()
+    fs = al['summary']['function']
+    ax.scatter(null, dfi, s=3, color='0.3', alpha=0.2, lw=0)
+    ax.scatter(same, dfi, s=3, color='C1', alpha=0.2, lw=0)    # both show
+    _cov_ellipse(ax, same, dfi, 'C1', '-', f"same task, r = {fs['corr']:.3f}")
+    _cov_ellipse(ax, null, dfi, '0.2', '--',
+                 f"null: deranged tasks, r = {fs['null_corr']:.3f}")
+    lim = lambda t: torch.quantile(t.double(), torch.tensor([0.005, 0.995]).double())
+    (x0, x1), (y0, y1) = lim(torch.cat([same, null])), lim(dfi)
+    ax.set(xlim=(x0.item(), x1.item()), ylim=(y0.item(), y1.item()),
+           xlabel=r"explicit: $f_{W'_{i+1}}(x_q) - f_{W'_i}(x_q)$",
            ylabel=r'implicit: $\hat y_{i+1} - \hat y_i$', title=title)
-    ax.legend(fontsize=7, markerscale=3)
-
+    if legend: _legend_below(ax, ncol=1)
 def plot_finetuning(losses: dict, runs: dict):
     "Figure: test loss vs n; token-wise cosines with nulls; function space."
     import matplotlib.pyplot as plt
     from icl_book.core import set_style
     set_style()
-    fig, axes = plt.subplots(2, 3, figsize=(13, 7.6))
-    for row, key in zip(axes, ('plain', 'preln')):
+    fig, axes = plt.subplots(3, 2, figsize=(9, 14))
+    for col, key in zip(axes.T, ('plain', 'preln')):
         name = runs[key]['name']
-        _plot_losses(row[0], losses[name], f'{name}: test loss')
-        _plot_cosines(row[1], runs[key], f'{name}: alignment per token')
-        _plot_function(row[2], runs[key], f'{name}: change of the prediction')
-    fig.tight_layout()
+        _plot_losses(col[0], losses[name], f'{name}: test loss')
+        _plot_cosines(col[1], runs[key], f'{name}: alignment per token')
+        _plot_function(col[2], runs[key], f'{name}: change of the prediction')
+    fig.tight_layout(h_pad=2)
     return fig
 
 # %% ../nbs/07_finetuning.ipynb #021a2c0a
@@ -509,7 +530,7 @@ def plot_factors(runs: dict, layers):
     import matplotlib.pyplot as plt
     from icl_book.core import set_style
     set_style()
-    fig, (a, b, c) = plt.subplots(1, 3, figsize=(13, 3.8))
+    fig, (a, b, c) = plt.subplots(3, 1, figsize=(7, 13))
     bins = torch.linspace(-1, 1, 61)
     for k, key in enumerate(('plain', 'preln')):
         r, name = runs[key], runs[key]['name']
@@ -518,17 +539,17 @@ def plot_factors(runs: dict, layers):
                                   (r['null'][f], ':', f'{name}, null')):
                 ax.hist(vals.flatten().numpy(), bins.numpy(), density=True,
                         histtype='step', color=f'C{k}', ls=ls, label=lab)
-    a.set(xlabel=r'right: $\cos(a_0, a(t_{i+1}))$', ylabel='density',
+    a.set(xlabel=r'right: $\cos(A_0, A(t_{i+1}))$', ylabel='density',
           title='(a) input-space factors')
-    b.set(xlabel=r'left: $\cos(W(a_{i+1}-a_i), -\delta_{i+1})$',
+    b.set(xlabel=r'left: $\cos(W(A_{i+1}-A_i), -\rho_{i+1})$', ylabel='density',
           title='(b) hidden-space factors')
-    for ax in (a, b): ax.legend(fontsize=7)
+    for ax in (a, b): _legend_below(ax)
     l = range(len(layers))
     c.errorbar(l, layers['null_median'], 2 * layers['null_sd'], fmt='none',
                color='0.5', capsize=3, label='null ± 2 sd')
     c.plot(l, layers['median'], 'C0o-', ms=4, label='median cosine')
     c.axhline(0, color='k', lw=0.5)
-    c.set(xlabel='block $l$', title='(c) attn10, layer by layer',
-          ylabel=r'$\cos(D^{(l)}_i, -\nabla_{W_l}\ell_{i+1})$')
-    c.legend(fontsize=7); fig.tight_layout()
+    c.set(xlabel=r'block $\ell$', title='(c) attn10, layer by layer',
+          ylabel=r'$\cos(D^{(\ell)}_i, -\nabla_{W_\ell}\ell_{i+1})$')
+    _legend_below(c); fig.tight_layout(h_pad=2)
     return fig

@@ -163,6 +163,6 @@ def plot_patch_errors(errors):
     sns.stripplot(data=errors, y='layer', x='rel_err', hue='dtype', ax=ax,
                   log_scale=True, jitter=0.15, size=6)
     for eps, dt in ((2.2e-16, 'float64'), (1.2e-7, 'float32')):
-        ax.axvline(eps, ls=':', c='grey'); ax.text(eps, -0.6, f' eps {dt}', fontsize=8)
-    ax.set(xlabel='relative error of the patched block', ylabel='')
+        ax.axvline(eps, ls=':', c='grey'); ax.text(eps, -0.6, f' eps {dt}', fontsize=10)
+    ax.set(xlabel='relative error of the patched block', ylabel='contextual layer')
     fig.tight_layout(); return fig

@@ -8,10 +8,11 @@ import math
 from dataclasses import dataclass
 from typing import NamedTuple, Optional
 import torch
+from .core import check_int
 
 # %% auto #0
 __all__ = ['TaskConfig', 'Prompts', 'sample_prompts', 'with_context', 'query_tokens', 'ridge', 'ols', 'baseline_predict',
-           'query_mask']
+           'baseline_curves', 'plot_baselines', 'query_mask']
 
 # %% ../nbs/05_regression.ipynb #f56b1004
 @dataclass
@@ -106,6 +107,38 @@ def baseline_predict(p: Prompts, method: str = 'ridge',
     else: raise ValueError(f"method must be 'ols', 'ridge' or 'zero', "
                            f"got {method!r}")
     return (Xq @ w[:, :, None])[..., 0]
+
+# %% ../nbs/05_regression.ipynb #b5e10000
+def baseline_curves(cfg: TaskConfig, n_max: int = 20, batch: int = 4000,
+                    seed: int = 0) -> dict:
+    "Test MSE of least squares and ridge (λ = σ²) for n = 0..n_max examples."
+    check_int('n_max', n_max, 1); g = torch.Generator().manual_seed(seed)
+    out = {'n': list(range(n_max + 1)), 'ols': [], 'ridge': []}
+    for n in out['n']:
+        p = sample_prompts(cfg, batch, g, n_ctx=n, n_query=1)
+        for m in ('ols', 'ridge'):
+            err = baseline_predict(p, m, cfg.noise) - p.targets   # (B, 1)
+            out[m].append(err.pow(2).mean().item())
+    return out
+
+# %% ../nbs/05_regression.ipynb #b5e10001
+def plot_baselines(curves: dict, cfg: TaskConfig):
+    "Figure: test error of least squares and ridge against n, with formula (1)."
+    import matplotlib.pyplot as plt
+    from icl_book.core import set_style
+    set_style(); fig, ax = plt.subplots(figsize=(6.4, 4))
+    ax.plot(curves['n'], curves['ols'], 'o-', label='least squares (OLS)')
+    ax.plot(curves['n'], curves['ridge'], 's-', label=r'ridge, $\lambda = \sigma^2$')
+    n1 = [n for n in curves['n'] if n > cfg.d + 1]
+    s2 = cfg.noise ** 2
+    ax.plot(n1, [s2 * (1 + cfg.d / (n - cfg.d - 1)) for n in n1], 'k:',
+            label='formula (1)')
+    ax.axvline(cfg.d, c='grey', lw=1); ax.axhline(s2, c='grey', ls='--', lw=1)
+    ax.text(cfg.d + 0.3, ax.get_ylim()[1] * 0.3, '$n = d$', color='grey')
+    ax.set(yscale='log', xlabel='context examples $n$',
+           ylabel='test error (mean squared)')
+    ax.xaxis.set_major_locator(plt.MaxNLocator(integer=True))
+    ax.legend(loc='upper right'); fig.tight_layout(); return fig
 
 # %% ../nbs/05_regression.ipynb #80b01205
 def query_mask(n: int, q: int) -> torch.Tensor:

@@ -24,7 +24,7 @@ __all__ = ['FIT_KINDS', 'fit_linear_patch', 'block_thought_data', 'fit_block_tho
 def fit_linear_patch(A: torch.Tensor, V: torch.Tensor, lam: float = 0.0,
                      rank: Optional[int] = None, bias: bool = False,
                      rcond: float = 1e-10):
-    "Least-squares M (H, d), β (H,) or None with M a_k + β ≈ v_k; A (K, d), V (K, H)."
+    "Least-squares M (H, d), β (H,) or None with M a_k + β ≈ u_k; A (K, d), V (K, H) rows u_k."
     check_same(A=A, V=V)
     if not A.dtype.is_floating_point:
         raise TypeError(f"A and V must be floating tensors, got {A.dtype}: "
@@ -53,7 +53,7 @@ def fit_linear_patch(A: torch.Tensor, V: torch.Tensor, lam: float = 0.0,
 
 # %% ../nbs/09_thought_patch.ipynb #d1d75200
 def block_thought_data(block: ContextualBlock, C: torch.Tensor, X: torch.Tensor):
-    "Regression data of the static patch: a_k = A(x_k) (K, d), v_k (K, H)."
+    "Regression data of the static patch: a_k = A(x_k) (K, d), u_k = W ΔA_k (K, H)."
     if C.dim() != 2 or X.dim() != 2:
         raise ValueError(f"C must be one context (n, d) and X queries (K, d); got "
                          f"{tuple(C.shape)} and {tuple(X.shape)}")
@@ -251,7 +251,7 @@ def plot_thought_curves(df):
     "Figure: relative train/test error of the least-squares thought patch vs K."
     import matplotlib.pyplot as plt
     from icl_book.core import set_style
-    set_style(); fig, ax = plt.subplots(figsize=(7, 4))
+    set_style(); fig, ax = plt.subplots(figsize=(7, 5.5))
     d = df[df.kind == 'lstsq'].assign(tr=lambda x: x.train / x.none_train,
                                       te=lambda x: x.test / x.none_test)
     m = d.groupby(['n', 'K'])[['tr', 'te']].mean().reset_index()
@@ -262,11 +262,13 @@ def plot_thought_curves(df):
     Kmax = df.K.max(); b = df[df.K == Kmax]
     for j, kind in enumerate(('bias', 'average', 'lstsq_w')):
         r = (b[b.kind == kind].test / b[b.kind == kind].none_test).mean()
-        ax.axhline(r, ls=':', c=f'C{j + 3}', label=f'{kind} (K = {Kmax}, test)')
+        ax.plot([Kmax], [r], marker='D^v'[j], ls='none', ms=8, c=f'C{j + 3}',
+                label=f'{kind} (only at K = {Kmax}, test)')
     ax.axhline(1, c='grey', lw=1, label='no patch')
     ax.set(xscale='log', yscale='log', xlabel='calibration queries $K$',
            ylabel='error / no-patch error')
-    ax.legend(fontsize=7, ncol=2); fig.tight_layout(); return fig
+    ax.legend(fontsize=10, ncol=2, loc='upper center', bbox_to_anchor=(0.5, -0.18),
+              frameon=False); fig.tight_layout(); return fig
 
 # %% ../nbs/09_thought_patch.ipynb #2a74f090
 def reproduce_thought_patch(n: int = 40, Ks=(1, 4, 16, 64, 256), tasks: int = 3,

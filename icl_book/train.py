@@ -347,5 +347,5 @@ def plot_training(logs: dict, ref: dict):
     ax.axhline(ref['ridge'], color='k', ls='-.', lw=1, label='ridge (Bayes)')
     ax.axhline(ref['zero'], color='k', ls=':', lw=1, label='predict 0')
     ax.set(yscale='log', xlabel='training step', ylabel='test MSE (with context)')
-    ax.legend(fontsize=8); fig.tight_layout()
+    ax.legend(fontsize=10); fig.tight_layout()
     return fig
