@@ -335,31 +335,39 @@ def plot_convergence(rows: list, toy: Optional[dict] = None,
     from icl_book.core import set_style
     set_style()
     kinds = [k for k in PROMPT_KINDS if any(r['kind'] == k for r in rows)]
-    fig, axes = plt.subplots(1, len(kinds) + 1, figsize=(12, 3.4),
-                             squeeze=False)
+    nr = (len(kinds) + 1) // 2                # kinds two per row, slopes below
+    fig = plt.figure(figsize=(7.6, 3.0 * nr + 3.4))
+    gs = fig.add_gridspec(nr + 1, 2, height_ratios=[1] * nr + [1.1])
     cmap = plt.get_cmap('viridis')
-    for ax, kind in zip(axes[0], kinds):
+    for n_, kind in enumerate(kinds):
+        ax = fig.add_subplot(gs[n_ // 2, n_ % 2])
         rs = [r for r in rows if r['kind'] == kind and r['layer'] in layers]
         for r in rs:
-            ax.plot(r['bins_i'], r['bins_u'], lw=1.2,
+            ax.plot(r['bins_i'], r['bins_u'], lw=1.3,
                     c=cmap(r['layer'] / 29), label=f"layer {r['layer']}")
         i = torch.tensor(rs[0]['bins_i'])
         ref = rs[-1]['bins_u'][len(i) // 2] * (i[len(i) // 2] / i)
         ax.plot(i, ref, 'k--', lw=1, label='$1/i$')
         ax.set(xscale='log', yscale='log', title=kind, xlabel='token $i$')
-    axes[0, 0].set_ylabel(r'$\|\Delta W^\ell_i - \Delta W^\ell_{i-1}\|_F$')
-    axes[0, 0].legend(fontsize=6, ncol=2)
-    ax = axes[0, -1]
+        if n_ % 2 == 0:
+            ax.set_ylabel(r'$\|\Delta W^\ell_i - \Delta W^\ell_{i-1}\|_F$')
+        if n_ == 0: handles = ax.get_legend_handles_labels()
+    ax = fig.add_subplot(gs[nr, :])
     for kind in kinds:
         rs = sorted((r for r in rows if r['kind'] == kind),
                     key=lambda r: r['layer'])
         ax.plot([r['layer'] for r in rs], [r['slope'] for r in rs],
-                marker='o', ms=2.5, lw=1, label=kind)
+                marker='o', ms=3, lw=1.2, label=kind)
     if toy is not None:
         ax.axhline(toy['slope'], c='k', ls='--', lw=1, label=toy['label'])
     ax.axhline(0, c='grey', ls=':', lw=1)
-    ax.set(xlabel='layer', ylabel='tail slope', title='fitted slope')
-    ax.legend(fontsize=6); fig.tight_layout()
+    ax.set(xlabel=r'layer $\ell$', ylabel='tail slope',
+           title='fitted tail slope per layer')
+    ax.legend(fontsize=9, ncol=3, loc='upper center',
+              bbox_to_anchor=(0.5, -0.28), frameon=False)
+    fig.legend(*handles, fontsize=9, ncol=5, loc='upper center',
+               bbox_to_anchor=(0.5, 1.0), frameon=False)
+    fig.tight_layout(rect=(0, 0, 1, 0.95))
     return fig
 
 # %% ../nbs/11e_lm_dynamics.ipynb #c04111e
@@ -470,7 +478,7 @@ def plot_monitor_lm(rows: list, toy_ratio: Optional[float] = None):
     rs = [r for r in rows if r['layer'] != 'sum']
     tot = next(r for r in rows if r['layer'] == 'sum')
     x = [r['layer'] for r in rs]
-    fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 3.4))
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(7.6, 4.4))
     a1.plot(x, [r['ratio_median'] for r in rs], marker='o', ms=3,
             label='median over prompts')
     a1.fill_between(x, [r['ratio_q25'] for r in rs],
@@ -482,7 +490,8 @@ def plot_monitor_lm(rows: list, toy_ratio: Optional[float] = None):
                    label='toy model (ch. 10)')
     a1.set(xlabel='layer', yscale='log',
            ylabel='step at the wrong example,\nwrong / right')
-    a1.legend(fontsize=7)
+    a1.legend(fontsize=8.5, loc='upper center', bbox_to_anchor=(0.5, -0.2),
+              frameon=False)
     for key, lab in (('auc', 'position known'),
                      ('auc_unknown', 'position unknown')):
         a2.plot(x, [r[key] for r in rs], marker='o', ms=3, label=lab)
@@ -492,5 +501,7 @@ def plot_monitor_lm(rows: list, toy_ratio: Optional[float] = None):
                label='position known, summed over layers')
     a2.axhline(.5, c='grey', ls=':', lw=1)
     a2.set(xlabel='layer', ylabel='ROC AUC (wrong vs right)', ylim=(0, 1))
-    a2.legend(fontsize=7); fig.tight_layout()
+    a2.legend(fontsize=8.5, loc='upper center', bbox_to_anchor=(0.5, -0.2),
+              frameon=False)
+    fig.tight_layout()
     return fig
