@@ -702,18 +702,20 @@ def plot_methods(rows, methods=METHODS) -> 'matplotlib.figure.Figure':
     from icl_book.core import set_style
     set_style()
     tasks = list(dict.fromkeys(r['task'] for r in rows))
-    fig, ax = plt.subplots(figsize=(11, 4.2))
-    w = 0.8 / len(methods)
+    fig, ax = plt.subplots(figsize=(7.6, 8.4))   # tasks down the page
+    w = 0.84 / len(methods)
+    y = np.arange(len(tasks))
     for i, m in enumerate(methods):
         acc = [[r[m] for r in rows if r['task'] == t] for t in tasks]
         mu = [np.mean(a) for a in acc]
         sd = [np.std(a) for a in acc]
-        ax.bar(np.arange(len(tasks)) + (i - len(methods) / 2 + .5) * w, mu,
-               w, yerr=sd, label=m.replace('_', ' '), capsize=2)
-    ax.set_xticks(range(len(tasks)), tasks, rotation=20, fontsize=9)
-    ax.set(ylabel='first-token accuracy (test)', ylim=(0, 1.05))
-    ax.legend(fontsize=8, ncol=len(methods), loc='upper center',
-              bbox_to_anchor=(.5, 1.15))
+        ax.barh(y + (i - len(methods) / 2 + .5) * w, mu, w, xerr=sd,
+                label={'icl': 'in-context'}.get(m, m.replace('_', ' ')),
+                capsize=2)
+    ax.set_yticks(y, tasks, fontsize=10); ax.invert_yaxis()
+    ax.set(xlabel='first-token accuracy (test)', xlim=(0, 1.02))
+    ax.legend(fontsize=9.5, ncol=3, loc='upper center',
+              bbox_to_anchor=(.42, -0.07), frameon=False)
     fig.tight_layout()
     return fig
 
@@ -730,17 +732,18 @@ def plot_storage(rows) -> 'matplotlib.figure.Figure':
         for k, v in r.get('variants', {}).items():
             pts.setdefault(f'patch: {k}', []).append(
                 (v['numel'], v['accuracy_first']))
-    fig, ax = plt.subplots(figsize=(8, 4.8))
-    for i, (k, p) in enumerate(pts.items()):
+    fig, ax = plt.subplots(figsize=(7.6, 6.2))
+    marks = 'osD^v<>PX*hp'                  # one marker and colour per method:
+    for i, (k, p) in enumerate(pts.items()):   # a legend, not labels that collide
         n, a = np.mean([q[0] for q in p]), np.mean([q[1] for q in p])
-        ax.scatter(n, a, marker='s' if k.startswith('patch') else 'o')
-        ax.annotate(k.replace('icl', 'in-context (KV cache)'), (n, a),
-                    fontsize=7, textcoords='offset points',
-                    xytext=(5, (-1) ** i * 5 - 2))
+        ax.scatter(n, a, s=46, marker=marks[i % len(marks)], zorder=3,
+                   color=plt.get_cmap('tab20')(i % 20),
+                   label=k.replace('icl', 'in-context (KV cache)'))
     zs = np.mean([r['zero_shot'] for r in rows])
-    ax.axhline(zs, color='gray', ls=':', lw=1)
-    ax.annotate('zero-shot', (ax.get_xlim()[0], zs), fontsize=7)
+    ax.axhline(zs, color='gray', ls=':', lw=1, label='zero-shot')
     ax.set(xscale='log', xlabel='numbers stored',
            ylabel='first-token accuracy (test, mean over tasks)')
+    ax.legend(fontsize=9, ncol=2, loc='upper center',
+              bbox_to_anchor=(.5, -0.13), frameon=False)
     fig.tight_layout()
     return fig
