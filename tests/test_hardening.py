@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from icl_book import blocks, bridges, convergence, core, deep, dynamics
-from icl_book import equivalence, patch, thought
+from icl_book import equivalence, patch, thought, thought_experiment
 from icl_book.__main__ import main as cli_main
 
 f64 = torch.float64
@@ -143,7 +143,7 @@ BAD = {
                                                 'bias'), ValueError, 'K'),
     'thought states of another context': (states_of_other_context, ValueError,
                                           'context'),
-    'thought Ks empty': (lambda: thought.ThoughtConfig(Ks=()), ValueError, 'Ks'),
+    'thought Ks empty': (lambda: thought_experiment.ThoughtConfig(Ks=()), ValueError, 'Ks'),
     'monitor j=-1': (lambda: bridges.monitor_increments(j=-1), ValueError, 'j'),
     'monitor j=n': (lambda: bridges.monitor_increments(n=10, j=10), ValueError, 'j'),
     'reproduce_equivalence ns=()': (
