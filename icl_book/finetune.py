@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from .blocks import RankOne
 from .deep import attention_residual
-from .dynamics import block_trajectory, stack_trajectory
+from .trajectories import block_trajectory, stack_trajectory
 from .tasks import Prompts, baseline_predict, sample_prompts, with_context
 from .train import (CHECKPOINTS, PlainModel, load_model, model_for,
                             predict)
