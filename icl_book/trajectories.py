@@ -312,6 +312,34 @@ def _check_timing(t_fast: float, t_fwd: float) -> None:
             f"a quarter of one forward pass ({t_fwd:.3g} s), which it contains;"
             " the machine was probably busy: rerun with more repeats")
 
+# %% ../nbs/04a_trajectories.ipynb #906548c6
+def _time_sides(net: PreLNStack, C, x, repeats: int, budget: float) -> dict:
+    "Median times of a forward pass (prompt, context), one pass and loop."
+    with torch.inference_mode():
+        prompt = torch.cat([C, x[:, None]], 1)                    # (B, n+1, d)
+        for attempt in range(3):      # a busy machine can inflate one side:
+            t_prompt = _median_time(lambda: net(prompt), repeats, budget)
+            t_ctx = _median_time(lambda: net(C), repeats, budget)
+            t_fast = _median_time(lambda: stack_trajectory(net, C, x),
+                                  repeats, budget)
+            if t_fast > 0.25 * min(t_prompt, t_ctx): break  # measure again
+        t_slow = _median_time(lambda: stack_trajectory_naive(net, C, x), 1,
+                              warm=lambda: stack_trajectory_naive(
+                                  net, C, x, prefixes=[C.shape[1]]))  # once
+    return dict(t_forward_prompt=t_prompt, t_forward_context=t_ctx,
+                t_batched=t_fast, t_naive=t_slow)
+
+def _loop_agreement(net64: PreLNStack, C64, x64, check: int) -> tuple:
+    "Largest gap of one pass vs loop at <= `check` prefixes (with 1, n); count."
+    n = C64.shape[1]
+    idx = sorted({1, n} | {round(1 + k * (n - 1) / max(check - 1, 1))
+                           for k in range(min(check, n))})
+    with torch.inference_mode():
+        diff = trajectory_rel_diff(stack_trajectory(net64, C64, x64),
+                                   stack_trajectory_naive(net64, C64, x64,
+                                                          prefixes=idx), idx)
+    return diff, len(idx)
+
 # %% ../nbs/04a_trajectories.ipynb #289b4ad1
 def bench_trajectory(n: int = 1024, layers: int = 10, d_model: int = 64,
                      seed: int = 0, heads: int = 4, d_mlp: int = 256,
@@ -325,32 +353,16 @@ def bench_trajectory(n: int = 1024, layers: int = 10, d_model: int = 64,
     g = torch.Generator().manual_seed(seed + 1)
     C64 = torch.randn(batch, n, d_model, generator=g, dtype=torch.float64)
     x64 = torch.randn(batch, d_model, generator=g, dtype=torch.float64)
-    net, C, x = PreLNStack(cfg), C64.float(), x64.float()
-    with torch.inference_mode():
-        prompt = torch.cat([C, x[:, None]], 1)                    # (B, n+1, d)
-        for attempt in range(3):      # a busy machine can inflate one side:
-            t_prompt = _median_time(lambda: net(prompt), repeats, budget)
-            t_ctx = _median_time(lambda: net(C), repeats, budget)
-            t_fast = _median_time(lambda: stack_trajectory(net, C, x),
-                                  repeats, budget)
-            if t_fast > 0.25 * min(t_prompt, t_ctx): break  # measure again
-        t_slow = _median_time(lambda: stack_trajectory_naive(net, C, x), 1,
-                              warm=lambda: stack_trajectory_naive(
-                                  net, C, x, prefixes=[n]))  # n passes, once
-        net64 = PreLNStack(replace(cfg, dtype='float64'))
-        idx = sorted({1, n} | {round(1 + k * (n - 1) / max(check - 1, 1))
-                               for k in range(min(check, n))})
-        diff = trajectory_rel_diff(stack_trajectory(net64, C64, x64),
-                                   stack_trajectory_naive(net64, C64, x64,
-                                                          prefixes=idx), idx)
-    t_fwd = min(t_prompt, t_ctx)          # the faster baseline: conservative
-    _check_timing(t_fast, t_fwd)
+    t = _time_sides(PreLNStack(cfg), C64.float(), x64.float(), repeats, budget)
+    diff, checked = _loop_agreement(PreLNStack(replace(cfg, dtype='float64')),
+                                    C64, x64, check)
+    t_fwd = min(t['t_forward_prompt'], t['t_forward_context'])  # conservative
+    _check_timing(t['t_batched'], t_fwd)
     return dict(n=n, layers=layers, d_model=d_model, heads=heads,
                 d_mlp=d_mlp, batch=batch, kind=kind, seed=seed,
                 threads=torch.get_num_threads(), timing_dtype='float32',
                 timing='median after warm-up', repeats=repeats,
-                check_dtype='float64', checked_prefixes=len(idx),
-                t_forward=t_fwd, t_forward_prompt=t_prompt,
-                t_forward_context=t_ctx, t_batched=t_fast, t_naive=t_slow,
-                speedup=t_slow / t_fast, forward_ratio=t_fast / t_fwd,
+                check_dtype='float64', checked_prefixes=checked,
+                t_forward=t_fwd, **t, speedup=t['t_naive'] / t['t_batched'],
+                forward_ratio=t['t_batched'] / t_fwd,
                 max_rel_diff=diff, t_total=time.perf_counter() - t0)
