@@ -45,9 +45,9 @@ def run_case(case: str, kind: str, n: int, d: int = 8, seed: int = 0) -> dict:
     import torch
     from icl_book.blocks import PreLNStack, StackConfig, make_block
     from icl_book.deep import context_patches
-    from icl_book.dynamics import (block_trajectory, patch_rel_diff,
-                                   stack_trajectory, stack_trajectory_naive,
-                                   trajectory_rel_diff)
+    from icl_book.trajectories import (block_trajectory, patch_rel_diff,
+                                       stack_trajectory, stack_trajectory_naive,
+                                       trajectory_rel_diff)
     from icl_book.patch import chunk_patch
     torch.set_num_threads(int(os.environ.get('OMP_NUM_THREADS', '1')))
     g = torch.Generator().manual_seed(seed + 1)

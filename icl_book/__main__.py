@@ -11,7 +11,7 @@ import time
 from .core import DTYPES
 from .blocks import LAYER_KINDS
 from .deep import PATCH_MODES, verify
-from .dynamics import bench_trajectory
+from .trajectories import bench_trajectory
 from .compress import add_compress_parser     # `compress` (11d)
 
 # %% auto #0
@@ -29,7 +29,7 @@ def _reproducers() -> dict:
     from icl_book.equivalence import reproduce_equivalence
     from icl_book.finetune import reproduce_finetune_alignment
     from icl_book.convergence import reproduce_rnn_convergence
-    from icl_book.thought import reproduce_thought_patch
+    from icl_book.thought_experiment import reproduce_thought_patch
     return {'equivalence': reproduce_equivalence,
             'finetune-alignment': reproduce_finetune_alignment,
             'rnn-convergence': reproduce_rnn_convergence,

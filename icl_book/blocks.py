@@ -201,6 +201,10 @@ class RankOne(NamedTuple):
             f"flat() needs one update, got {tuple(self.u.shape)}; pick one index")
         return RankOne(self.u.reshape(-1), self.v.reshape(-1))
 
+    def unit(self) -> 'RankOne':
+        "u/||u|| and v/||v|| in float64 (a zero factor stays zero)."
+        return RankOne(*(F.normalize(t.double(), dim=-1) for t in self))
+
     def inner(self, other: 'RankOne') -> torch.Tensor:
         "<u vᵀ, u' v'ᵀ>_F = (u·u')(v·v') per index, in float64."
         u, v, u2, v2 = (t.double() for t in (*self, *other))
@@ -217,10 +221,21 @@ class RankOne(NamedTuple):
               + (u2 * u2).sum(-1) * (dv * dv).sum(-1)
               + 2 * (du * u2).sum(-1) * (v * dv).sum(-1))
         return sq.clamp_min(0).sqrt()
+
     def cosine(self, other: 'RankOne') -> torch.Tensor:
         "<P, Q>_F / (||P|| ||Q||) per index; 0 where either is zero."
         den = self.norm() * other.norm()
         return self.inner(other) / den.clamp_min(torch.finfo(den.dtype).tiny)
+
+    def factor_cosines(self, other: 'RankOne') -> tuple:
+        "cos(u, u') and cos(v, v') per index (float64); `cosine` = their product."
+        a, b = self.unit(), other.unit()
+        return (a.u * b.u).sum(-1), (a.v * b.v).sum(-1)
+
+    def gram(self, other: 'RankOne') -> torch.Tensor:
+        "<u_i v_iᵀ, u'_j v'_jᵀ>_F for terms i, j on dim -2: (..., n, m), float64."
+        u, v, u2, v2 = (t.double() for t in (*self, *other))
+        return (u @ u2.transpose(-1, -2)) * (v @ v2.transpose(-1, -2))
 
 # %% ../nbs/01_contextual_blocks.ipynb #43b380df
 def _fits(lead: tuple, z: torch.Tensor) -> bool:

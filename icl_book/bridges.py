@@ -8,7 +8,7 @@ import torch
 from .core import check_int, check_same
 from .tasks import query_tokens, sample_prompts
 from .train import CHECKPOINTS, load_model
-from .dynamics import stack_trajectory, trajectory_summaries
+from .trajectories import stack_trajectory, trajectory_summaries
 from .thought import (fit_stack_thought_patch, stack_patch_error,
                               with_context_states)
 

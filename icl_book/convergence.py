@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 import torch
 from .core import check_int
-from .dynamics import stack_trajectory, trajectory_summaries
+from .trajectories import stack_trajectory, trajectory_summaries
 from .tasks import Prompts, sample_prompts
 from .train import CHECKPOINTS, load_model, model_for
 

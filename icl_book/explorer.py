@@ -14,8 +14,8 @@ from .blocks import (LAYER_KINDS, PreLNStack, RankOne, StackConfig,
                              make_block)
 from .patch import chunk_mask, chunk_patch, remove_chunk
 from .deep import context_patches
-from .dynamics import (block_trajectory, stack_trajectory,
-                               trajectory_summaries)
+from .trajectories import (block_trajectory, stack_trajectory,
+                                   trajectory_summaries)
 
 # %% auto #0
 __all__ = ['CHUNKS', 'STACK_CHUNKS', 'DEFAULTS', 'LIMITS', 'STATIC_GRID', 'make_setting', 'chunk_positions', 'Exploration',

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from .blocks import RankOne
 from .deep import attention_residual
-from .dynamics import block_trajectory, stack_trajectory
+from .trajectories import block_trajectory, stack_trajectory
 from .tasks import Prompts, baseline_predict, sample_prompts, with_context
 from .train import (CHECKPOINTS, PlainModel, load_model, model_for,
                             predict)
@@ -19,11 +19,10 @@ from .train import (CHECKPOINTS, PlainModel, load_model, model_for,
 # %% auto #0
 __all__ = ['TOKENWISE', 'NAMES', 'FinetuneConfig', 'mlp_input', 'output_from', 'example_grads', 'as_queries', 'Explicit',
            'explicit_sgd', 'Implicit', 'prefix_patches', 'implicit_steps', 'loss_curves', 'choose_lr', 'best_lr',
-           'unit_factors', 'unit_factor_dots', 'factor_cosines', 'rank1_cosine', 'right_factor_moment', 'query_grads',
-           'cumulative_scorer', 'cumulative_cosine', 'lowrank_cosine', 'derangements', 'null_test', 'cosine_summary',
-           'candidates', 'function_space', 'alignment', 'alignment_prompts', 'finetune_runs',
-           'reproduce_finetune_alignment', 'stack_example_grads', 'increments', 'layer_alignment', 'plot_finetuning',
-           'plot_factors']
+           'factor_cosines', 'rank1_cosine', 'right_factor_moment', 'query_grads', 'cumulative_scorer',
+           'cumulative_cosine', 'lowrank_cosine', 'derangements', 'null_test', 'cosine_summary', 'candidates',
+           'function_space', 'alignment', 'alignment_prompts', 'finetune_runs', 'reproduce_finetune_alignment',
+           'stack_example_grads', 'increments', 'layer_alignment', 'plot_finetuning', 'plot_factors']
 
 # %% ../nbs/07_finetuning.ipynb #c100b24d
 @dataclass
@@ -183,22 +182,13 @@ def best_lr(model, cfg: FinetuneConfig, name: str,
     return min(val, key=val.get)
 
 # %% ../nbs/07_finetuning.ipynb #ec0596f0
-def unit_factors(R: RankOne) -> RankOne:
-    "u/||u|| and v/||v|| in float64 (a zero factor stays zero)."
-    return RankOne(*(F.normalize(t.double(), dim=-1) for t in R))
-
-def unit_factor_dots(P: RankOne, Q: RankOne) -> tuple:
-    "u·u' and v·v' of unit factors: the factor cosines, per leading index."
-    return (P.u * Q.u).sum(-1), (P.v * Q.v).sum(-1)
-
 def factor_cosines(P: RankOne, Q: RankOne) -> tuple:
     "cos(u, u') and cos(v, v') of u vᵀ and u' v'ᵀ per leading index (float64)."
-    return unit_factor_dots(unit_factors(P), unit_factors(Q))
+    return P.factor_cosines(Q)
 
 def rank1_cosine(P: RankOne, Q: RankOne) -> torch.Tensor:
     "Normalised Frobenius inner product of u vᵀ and u' v'ᵀ, per leading index."
-    cu, cv = factor_cosines(P, Q)
-    return cu * cv
+    return P.cosine(Q)
 
 # %% ../nbs/07_finetuning.ipynb #513791e0
 def right_factor_moment(a: torch.Tensor) -> torch.Tensor:
@@ -227,15 +217,17 @@ def query_grads(model, p: Prompts, imp: Implicit,
     return RankOne(-rho, A0.expand_as(hh))
 
 # %% ../nbs/07_finetuning.ipynb #2b36aca0
+def _permuted(R: RankOne, pm) -> RankOne:
+    "The factors of tasks pm: R[pm] (pm a permutation of dim 0)."
+    return RankOne(R.u[pm], R.v[pm])
+
 def cumulative_scorer(P: RankOne, Q: RankOne):
     "pm -> cos(Σ_{j<k} u_j v_jᵀ, the same of Q's tasks pm), k = 1..n."
-    u, v, U, V = (t.double() for t in (*P, *Q))
-    gram = lambda a, b: a @ b.transpose(1, 2)                # (B, n, n)
     upto = lambda M: M.cumsum(1).cumsum(2).diagonal(dim1=1, dim2=2)
-    n1 = upto(gram(u, u) * gram(v, v)).clamp_min(0)          # ||S_k||²
-    n2 = upto(gram(U, U) * gram(V, V)).clamp_min(0)          # ||S'_k||²
+    n1 = upto(P.gram(P)).clamp_min(0)                        # ||S_k||²
+    n2 = upto(Q.gram(Q)).clamp_min(0)                        # ||S'_k||²
     def cos(pm):
-        ip = upto(gram(u, U[pm]) * gram(v, V[pm]))           # <S_k, S'_k>
+        ip = upto(P.gram(_permuted(Q, pm)))                  # <S_k, S'_k>
         return ip / (n1 * n2[pm]).sqrt().clamp_min(1e-300)   # (B, n)
     return cos
 
@@ -245,11 +237,9 @@ def cumulative_cosine(P: RankOne, Q: RankOne) -> torch.Tensor:
 
 def lowrank_cosine(P: RankOne, Q: RankOne) -> torch.Tensor:
     "cos(Σ_r u_r v_rᵀ, Σ_s u'_s v'_sᵀ); terms on dim -2: u (..., r, H)."
-    u, v, U, V = (t.double() for t in (*P, *Q))
-    ip = lambda a, b, c, d: ((a @ b.transpose(-1, -2)) *
-                             (c @ d.transpose(-1, -2))).sum((-1, -2))
-    den = (ip(u, u, v, v) * ip(U, U, V, V)).clamp_min(0).sqrt()
-    return ip(u, U, v, V) / den.clamp_min(1e-300)
+    ip = lambda A, B: A.gram(B).sum((-1, -2))               # <Σ_r, Σ_s>_F
+    den = (ip(P, P) * ip(Q, Q)).clamp_min(0).sqrt()
+    return ip(P, Q) / den.clamp_min(1e-300)
 
 # %% ../nbs/07_finetuning.ipynb #75579d7b
 def derangements(B: int, k: int, seed: int = 0) -> list:
@@ -289,8 +279,6 @@ def cosine_summary(cos, B: int, k: int = 20, seed: int = 0) -> dict:
                 positive_z=f('z', 1))
 
 # %% ../nbs/07_finetuning.ipynb #20088657
-def _permuted(R: RankOne, pm) -> RankOne: return RankOne(R.u[pm], R.v[pm])
-
 def candidates(model, p: Prompts, imp: Implicit, ex: Explicit) -> dict:
     "The explicit updates compared with the implicit increments, (B, n, .)."
     g0, yq = ex.grads0, p.y[:, p.n:p.n + 1].expand(-1, p.n)
@@ -319,9 +307,9 @@ def alignment(model, p: Prompts, lr: float, k: int = 20,
     imp, q1, B = implicit_steps(model, p), p.n + 1, p.X.shape[0]
     ex = explicit_sgd(model, p._replace(X=p.X[:, :q1], y=p.y[:, :q1]), lr)
     D, cands = imp.steps, candidates(model, p, imp, ex)
-    Du, units = unit_factors(D), {c: unit_factors(r) for c, r in cands.items()}
-    dots = lambda c, pm: unit_factor_dots(Du, _permuted(units[c], pm))
-    fns = {c: (lambda pm, c=c: torch.mul(*dots(c, pm))) for c in cands}
+    dots = lambda c, pm: D.factor_cosines(_permuted(cands[c], pm))
+    fns = {c: (lambda pm, c=c: D.cosine(_permuted(cands[c], pm)))
+           for c in cands}
     for c, r in (('cum_sgd', ex.steps),
                  ('cum_example_grad', cands['example_grad'])):
         fns[c] = cumulative_scorer(D, r)

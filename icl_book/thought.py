@@ -7,18 +7,15 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from typing import List, NamedTuple, Optional
-import pandas as pd
 import torch
 from .core import check_int, check_same
 from .blocks import ContextualBlock, PreLNStack
 from .patch import token_patch_factors
-from .tasks import query_tokens, sample_prompts
-from .train import CHECKPOINTS, load_model
 
 # %% auto #0
 __all__ = ['FIT_KINDS', 'fit_linear_patch', 'block_thought_data', 'fit_block_thought_patch', 'block_patch_error',
            'block_thought_curve', 'ThoughtPatch', 'ContextStates', 'with_context_states', 'fit_stack_thought_patch',
-           'stack_patch_error', 'ThoughtConfig', 'thought_curves', 'plot_thought_curves', 'reproduce_thought_patch']
+           'stack_patch_error']
 
 # %% ../nbs/09_thought_patch.ipynb #9b78ff9e
 def fit_linear_patch(A: torch.Tensor, V: torch.Tensor, lam: float = 0.0,
@@ -195,90 +192,3 @@ def stack_patch_error(stack: PreLNStack, C, X, tp: Optional[ThoughtPatch] = None
     with torch.no_grad():
         out = stack(X[:, None], updates=tp.updates() if tp else None)[:, -1]
     return ((out - target) ** 2).sum(-1).mean().item()
-
-# %% ../nbs/09_thought_patch.ipynb #8908d092
-@dataclass
-class ThoughtConfig:
-    "The thought-patch experiment on a trained regression model."
-    model: str = 'attn10'                   # shipped checkpoint
-    n_ctx: tuple = (10, 40)                 # prompt lengths n
-    Ks: tuple = (1, 2, 4, 8, 16, 32, 64, 128, 256)  # calibration sizes
-    tasks: int = 3                          # prompts (tasks w) per n
-    n_test: int = 256                       # held-out queries
-    lam: float = 1e-3                       # ridge λ of both fits
-    seed: int = 0                           # tasks and queries
-
-    def __post_init__(self):
-        for name in ('n_ctx', 'Ks'):
-            vals = getattr(self, name)
-            if not vals:
-                raise ValueError(f"{name} is empty: give at least one value")
-            for v in vals: check_int(f"each of {name}", v)
-        check_int('tasks', self.tasks); check_int('n_test', self.n_test)
-        if self.model not in CHECKPOINTS:
-            raise ValueError(f"unknown checkpoint {self.model!r}; one of "
-                             f"{list(CHECKPOINTS)}")
-
-# %% ../nbs/09_thought_patch.ipynb #fae776db
-def thought_curves(cfg: ThoughtConfig = ThoughtConfig()):
-    "Train/test errors of every patch kind vs K on a trained model (a DataFrame)."
-    model = load_model(cfg.model).double(); task = CHECKPOINTS[cfg.model].task
-    g = torch.Generator().manual_seed(cfg.seed); rows = []
-    for n in cfg.n_ctx:
-        for t in range(cfg.tasks):
-            p = sample_prompts(task, 1, g, n_ctx=n, n_query=1)
-            C = p.tokens[0, :n].double()                             # (n, d+1)
-            cal = query_tokens(max(cfg.Ks), task.d, g)
-            test = query_tokens(cfg.n_test, task.d, g)
-            s_cal = with_context_states(model, C, cal)            # one pass each
-            s_test = with_context_states(model, C, test)
-            err = lambda X, s, tp=None: stack_patch_error(model, C, X, tp, s)
-            none_te = err(test, s_test)
-            for K in cfg.Ks:
-                none_tr = err(cal[:K], s_cal[:K])
-                kinds = FIT_KINDS if K == max(cfg.Ks) else ('lstsq',)
-                for kind in kinds:
-                    kw = dict(lam=cfg.lam) if kind.startswith('lstsq') else {}
-                    tp = fit_stack_thought_patch(model, C, cal[:K], kind, s_cal[:K], **kw)
-                    rows.append(dict(n=n, task=t, K=K, kind=kind,
-                                     train=err(cal[:K], s_cal[:K], tp),
-                                     test=err(test, s_test, tp),
-                                     none_train=none_tr, none_test=none_te))
-    return pd.DataFrame(rows)
-
-# %% ../nbs/09_thought_patch.ipynb #072e6319
-def plot_thought_curves(df):
-    "Figure: relative train/test error of the least-squares thought patch vs K."
-    import matplotlib.pyplot as plt
-    from icl_book.core import set_style
-    set_style(); fig, ax = plt.subplots(figsize=(7, 5.5))
-    d = df[df.kind == 'lstsq'].assign(tr=lambda x: x.train / x.none_train,
-                                      te=lambda x: x.test / x.none_test)
-    m = d.groupby(['n', 'K'])[['tr', 'te']].mean().reset_index()
-    for i, (n, grp) in enumerate(m.groupby('n')):
-        c = f'C{i}'
-        ax.plot(grp.K, grp.te, '-o', c=c, ms=4, label=f'test, n = {n}')
-        ax.plot(grp.K, grp.tr.clip(lower=1e-9), '--', c=c, label=f'train, n = {n}')
-    Kmax = df.K.max(); b = df[df.K == Kmax]
-    for j, kind in enumerate(('bias', 'average', 'lstsq_w')):
-        r = (b[b.kind == kind].test / b[b.kind == kind].none_test).mean()
-        ax.plot([Kmax], [r], marker='D^v'[j], ls='none', ms=8, c=f'C{j + 3}',
-                label=f'{kind} (only at K = {Kmax}, test)')
-    ax.axhline(1, c='grey', lw=1, label='no patch')
-    ax.set(xscale='log', yscale='log', xlabel='calibration queries $K$',
-           ylabel='error / no-patch error')
-    ax.legend(fontsize=10, ncol=2, loc='upper center', bbox_to_anchor=(0.5, -0.18),
-              frameon=False); fig.tight_layout(); return fig
-
-# %% ../nbs/09_thought_patch.ipynb #2a74f090
-def reproduce_thought_patch(n: int = 40, Ks=(1, 4, 16, 64, 256), tasks: int = 3,
-                            seed: int = 0, model: str = 'attn10') -> dict:
-    "Train/test error vs K of the thought patch on a shipped model (JSON-able)."
-    cfg = ThoughtConfig(model=model, n_ctx=(n,), Ks=tuple(sorted(Ks)),
-                        tasks=tasks, seed=seed)
-    df = thought_curves(cfg); lst = df[df.kind == 'lstsq'].groupby('K').mean(numeric_only=True)
-    big = df[df.K == max(cfg.Ks)].groupby('kind').test.mean()
-    return dict(model=model, n_ctx=n, tasks=tasks, seed=seed, lam=cfg.lam,
-                K=[int(k) for k in lst.index], train_err=lst.train.tolist(),
-                test_err=lst.test.tolist(), no_patch_err=float(lst.none_test.iloc[0]),
-                **{f'{k}_test_err': float(big[k]) for k in FIT_KINDS if k != 'none'})

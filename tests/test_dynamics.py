@@ -17,14 +17,15 @@ from hypothesis import given, settings, strategies as st
 from icl_book.blocks import (LAYER_KINDS, LinearAttention, PreLNStack, RankOne,
                              StackConfig, make_block)
 from icl_book.core import rel_err
-from icl_book.dynamics import (TrajectoryStats, absorption_gd, additive_gd,
-                               bench_trajectory, block_trajectory,
-                               block_trajectory_naive, end_points,
+from icl_book.dynamics import (absorption_gd, additive_gd, end_points,
                                gd_iterates, gd_linear_attention, implicit_loss,
-                               prefix_outputs, prefix_streams, product_form,
-                               regression_tokens, stack_trajectory,
-                               stack_trajectory_naive, trajectory_rel_diff,
-                               trajectory_stats, trajectory_summaries)
+                               product_form, regression_tokens)
+from icl_book.trajectories import (TrajectoryStats, bench_trajectory,
+                                   block_trajectory, block_trajectory_naive,
+                                   prefix_outputs, prefix_streams,
+                                   stack_trajectory, stack_trajectory_naive,
+                                   trajectory_rel_diff, trajectory_stats,
+                                   trajectory_summaries)
 from icl_book.patch import chunk_patch, token_patch
 
 SETTINGS = settings(max_examples=25, deadline=None)

@@ -10,7 +10,7 @@ import torch
 
 from icl_book.blocks import LAYER_KINDS, RankOne
 from icl_book.core import rel_err
-from icl_book.dynamics import patch_rel_diff
+from icl_book.trajectories import patch_rel_diff
 from icl_book.explorer import (CHUNKS, STACK_CHUNKS, chunk_positions,
                                explore, explorer, make_setting)
 

@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from icl_book import blocks, bridges, convergence, core, deep, dynamics
-from icl_book import equivalence, patch, thought
+from icl_book import trajectories
+from icl_book import equivalence, patch, thought, thought_experiment
 from icl_book.__main__ import main as cli_main
 
 f64 = torch.float64
@@ -104,7 +105,7 @@ BAD = {
                                              torch.ones(2, dtype=torch.cfloat)),
                         TypeError, 'complex'),
     'nan in stack_trajectory context': (
-        lambda: dynamics.stack_trajectory(stack(), nan_at(C), X),
+        lambda: trajectories.stack_trajectory(stack(), nan_at(C), X),
         ValueError, 'not finite'),
     # --- silent wrong results -----------------------------------------------
     'min_norm negative': (lambda: patch.token_patch(rand(4, 3), rand(3), rand(3, seed=1),
@@ -143,7 +144,7 @@ BAD = {
                                                 'bias'), ValueError, 'K'),
     'thought states of another context': (states_of_other_context, ValueError,
                                           'context'),
-    'thought Ks empty': (lambda: thought.ThoughtConfig(Ks=()), ValueError, 'Ks'),
+    'thought Ks empty': (lambda: thought_experiment.ThoughtConfig(Ks=()), ValueError, 'Ks'),
     'monitor j=-1': (lambda: bridges.monitor_increments(j=-1), ValueError, 'j'),
     'monitor j=n': (lambda: bridges.monitor_increments(n=10, j=10), ValueError, 'j'),
     'reproduce_equivalence ns=()': (
@@ -159,7 +160,7 @@ BAD = {
     'tail_slope too short': (lambda: convergence.tail_slope(torch.ones(3, 2)),
                              ValueError, 'positions'),
     'bench_trajectory repeats=0': (
-        lambda: dynamics.bench_trajectory(n=4, layers=1, d_model=8, repeats=0),
+        lambda: trajectories.bench_trajectory(n=4, layers=1, d_model=8, repeats=0),
         ValueError, 'repeats'),
     'verify layers=True': (lambda: deep.verify(layers=True), ValueError, 'layers'),
     'greedy k=-1': (lambda: deep.greedy(lm(), tokens(1, 3), -1), ValueError, 'k'),
@@ -181,10 +182,10 @@ BAD = {
     'token ids >= vocab': (lambda: lm()(torch.full((1, 3), 11)), ValueError, 'vocab'),
     'token ids negative': (lambda: lm()(torch.full((1, 3), -1)), ValueError, 'vocab'),
     'block_trajectory dtype mismatch': (
-        lambda: dynamics.block_trajectory(block(), C.float(), X.float()),
+        lambda: trajectories.block_trajectory(block(), C.float(), X.float()),
         ValueError, 'float64'),
     'stack_trajectory dtype mismatch': (
-        lambda: dynamics.stack_trajectory(stack(), C.float(), X.float()),
+        lambda: trajectories.stack_trajectory(stack(), C.float(), X.float()),
         ValueError, 'float64'),
     'verify float16': (lambda: deep.verify(dtype=torch.float16), ValueError, 'float16'),
     'resolve_dtype float16': (lambda: core.resolve_dtype(torch.float16), ValueError,
@@ -250,11 +251,11 @@ def test_tinylm_under_inplace_uses_the_query_positions():
 
 def test_trajectories_keep_no_autograd_graph_unless_asked():
     blk = block(); Cg, xg = C.clone().requires_grad_(), X.clone().requires_grad_()
-    r = dynamics.block_trajectory(blk, Cg, xg)
+    r = trajectories.block_trajectory(blk, Cg, xg)
     assert not r.u.requires_grad and not r.v.requires_grad
-    s = dynamics.stack_trajectory(stack(), Cg, xg)
+    s = trajectories.stack_trajectory(stack(), Cg, xg)
     assert not s[0].dW.u.requires_grad
-    r = dynamics.block_trajectory(blk, Cg, xg, grad=True)
+    r = trajectories.block_trajectory(blk, Cg, xg, grad=True)
     r.u.sum().backward()
     assert Cg.grad is not None and Cg.grad.abs().sum() > 0
 
