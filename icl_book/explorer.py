@@ -121,8 +121,8 @@ class Exploration(NamedTuple):
 
     @property
     def dW_norm(self) -> torch.Tensor:
-        "||ΔW(Y)||_F = ||u|| ||v|| per layer, (L,)."
-        return self.u.norm(dim=-1) * self.v.norm(dim=-1)
+        "||ΔW(Y)||_F = ||u|| ||v|| per layer, (L,): RankOne's norm."
+        return RankOne(self.u, self.v).norm()
 
     def max_err(self, dtype: str = 'float64') -> float:
         "Largest relative error over layers and output, in `dtype`."
