@@ -293,6 +293,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                    'icl_book.families._get': ('families.html#_get', 'icl_book/families.py'),
                                    'icl_book.families._linear': ('families.html#_linear', 'icl_book/families.py'),
                                    'icl_book.families._llama_like': ('families.html#_llama_like', 'icl_book/families.py'),
+                                   'icl_book.families._param': ('families.html#_param', 'icl_book/families.py'),
                                    'icl_book.families._weight': ('families.html#_weight', 'icl_book/families.py'),
                                    'icl_book.families.adapter': ('families.html#adapter', 'icl_book/families.py'),
                                    'icl_book.families.find_family': ('families.html#find_family', 'icl_book/families.py'),
