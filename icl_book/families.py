@@ -206,7 +206,13 @@ def tiny_model(arch: str = 'llama', dtype='float64', seed: int = 0,
     cls = getattr(tf, model_cls)
     m = cls(cfg) if head else cls.base_model_class(cfg) \
         if hasattr(cls, 'base_model_class') else cls(cfg).base_model
-    return m.to(_dtype(dtype)).eval()
+    m = m.to(_dtype(dtype)).eval()
+    if m.dtype == torch.float64 and _is_moe(arch):
+        m.set_experts_implementation('eager')    # grouped_mm: no float64
+    return m
+
+def _is_moe(arch: str) -> bool:
+    return any(f.name == arch and f.moe for f in FAMILIES)
 
 def _dtype(dtype) -> torch.dtype:
     "resolve_dtype, and also 'bfloat16' and 'float16'."
