@@ -33,12 +33,15 @@ class Family(NamedTuple):
     body: Optional[str] = None     # base-model path of the module that
                                    # reads input_ids, if not the base
     pos_reserved: int = 0     # learned positions not usable by tokens
+    moe: Optional[str] = None # block path of a mixture-of-experts module;
+                              # first and last then name its parameters
 
 PATTERNS = {
-    'pre-norm': "pre-norm, sequential: h = x + A(N1 x), out = h + M(N2 h)",
-    'post-LN': "post-LN: h = N1(x + A(x)), out = N2(h + M(h))",
-    'parallel': "parallel: out = x + A(N x) + M(N' x)",
-    'post-norm': "norm after the MLP: out = h + N3(M(N2 h)), N2 optional",
+    'pre-norm': "pre-norm, sequential: h = z + A(LN1 z), out = h + M(LN2 h)",
+    'post-LN': "post-LN: h = LN1(z + A(z)), out = LN2(h + M(h))",
+    'parallel': "parallel: out = z + A(LN1 z) + M(LN2 z)",
+    'post-norm': "norm after the MLP: out = h + N3(M(LN2 h)), LN2 optional",
+    'moe': "mixture of experts, pre-norm: out = h + sum_S w_e D_e g_e(LN2 h)",
 }
 
 # %% ../nbs/11a_families.ipynb #c00711a
@@ -104,6 +107,24 @@ FAMILIES = (
            post='post_feedforward_layernorm', post_offset=1.),
     Family('olmo2', 'post-norm', 'layers', ('mlp.gate_proj', 'mlp.up_proj'),
            'mlp.down_proj', stream='mlp', post='post_feedforward_layernorm'),
+    # mixtures of experts: router and experts read LN2 h
+    Family('mixtral', 'moe', 'layers',
+           ('mlp.gate.weight', 'mlp.experts.gate_up_proj'),
+           ('mlp.experts.down_proj',), stream='post_attention_layernorm',
+           moe='mlp'),
+    Family('qwen2_moe', 'moe', 'layers',
+           ('mlp.gate.weight', 'mlp.experts.gate_up_proj',
+            'mlp.shared_expert.gate_proj.weight',
+            'mlp.shared_expert.up_proj.weight',
+            'mlp.shared_expert_gate.weight'),
+           ('mlp.experts.down_proj', 'mlp.shared_expert.down_proj.weight'),
+           stream='post_attention_layernorm', moe='mlp',
+           when=(('mlp_only_layers', []), ('decoder_sparse_step', 1))),
+    Family('qwen3_moe', 'moe', 'layers',
+           ('mlp.gate.weight', 'mlp.experts.gate_up_proj'),
+           ('mlp.experts.down_proj',), stream='post_attention_layernorm',
+           moe='mlp',
+           when=(('mlp_only_layers', []), ('decoder_sparse_step', 1))),
 )
 SUPPORTED = tuple(f.name for f in FAMILIES)
 
@@ -141,6 +162,13 @@ _TINY = {
     'gemma3_text': ('Gemma3ForCausalLM', 'Gemma3TextConfig',
                     {}),
     'olmo2': ('Olmo2ForCausalLM', 'Olmo2Config', {}),
+    'mixtral': ('MixtralForCausalLM', 'MixtralConfig',
+                dict(num_local_experts=4, num_experts_per_tok=2)),
+    'qwen2_moe': ('Qwen2MoeForCausalLM', 'Qwen2MoeConfig',
+                  dict(num_experts=4, num_experts_per_tok=2)),
+    'qwen3_moe': ('Qwen3MoeForCausalLM', 'Qwen3MoeConfig',
+                  dict(num_experts=4, num_experts_per_tok=2,
+                       norm_topk_prob=True)),
 }
 TINY_ARCHS = tuple(_TINY)
 
@@ -161,6 +189,8 @@ def tiny_model(arch: str = 'llama', dtype='float64', seed: int = 0,
                                        n_layers=layers, n_heads=4)
     if arch in ('gptj', 'gpt2'): kw.update(n_inner=2 * d)
     if arch == 'falcon': kw.update(ffn_hidden_size=2 * d)
+    if arch in ('qwen2_moe', 'qwen3_moe'): kw.update(moe_intermediate_size=d)
+    if arch == 'qwen2_moe': kw.update(shared_expert_intermediate_size=2 * d)
     if arch == 'gpt_neo':                      # local and global attention
         kw.update(attention_types=[[['local', 'global'], layers // 2]]
                   + [[['global'], layers % 2]] * (layers % 2))
@@ -176,7 +206,13 @@ def tiny_model(arch: str = 'llama', dtype='float64', seed: int = 0,
     cls = getattr(tf, model_cls)
     m = cls(cfg) if head else cls.base_model_class(cfg) \
         if hasattr(cls, 'base_model_class') else cls(cfg).base_model
-    return m.to(_dtype(dtype)).eval()
+    m = m.to(_dtype(dtype)).eval()
+    if m.dtype == torch.float64 and _is_moe(arch):
+        m.set_experts_implementation('eager')    # grouped_mm: no float64
+    return m
+
+def _is_moe(arch: str) -> bool:
+    return any(f.name == arch and f.moe for f in FAMILIES)
 
 def _dtype(dtype) -> torch.dtype:
     "resolve_dtype, and also 'bfloat16' and 'float16'."
@@ -192,6 +228,8 @@ class Layer(NamedTuple):
     stream: Optional[nn.Module]    # its input is h (sequential), or None
     branch: tuple              # parallel: the other branches
     post: Optional[nn.Module]  # norm after the MLP, or None
+    moe: Optional[nn.Module] = None  # mixture of experts: first and last
+                                     # are then its parameters
 
     @property
     def norm(self) -> Optional[nn.Module]:
@@ -221,6 +259,20 @@ def _linear(m: nn.Module, where: str) -> nn.Module:
     if isinstance(m, nn.Linear) or type(m).__name__ == 'Conv1D': return m
     raise TypeError(f"{where}: expected an nn.Linear or a transformers "
                     f"Conv1D, got {type(m).__name__}")
+
+def _param(root: nn.Module, path: str, where: str,
+           d: Optional[int] = None) -> nn.Parameter:
+    "A parameter (2-D or 3-D) whose last axis reads a vector of width d."
+    *mod, name = path.split('.')
+    m = _get(root, '.'.join(mod), where) if mod else root
+    p = getattr(m, name, None)
+    if not isinstance(p, nn.Parameter) or p.dim() not in (2, 3) \
+            or d is not None and p.shape[-1] != d:
+        got = tuple(p.shape) if isinstance(p, torch.Tensor) else p
+        raise TypeError(f"{where}: expected {path!r} to be a 2-D or 3-D "
+                        f"parameter reading width {d}, got {got}; this "
+                        f"release or subclass has a different block")
+    return p
 
 def _weight(m: nn.Module) -> torch.Tensor:
     "The matrix of a linear map as (out, in); `Conv1D` stores (in, out)."
@@ -262,6 +314,13 @@ def adapter(model) -> Adapter:
     layers = []
     for l, b in enumerate(blocks):
         w = f"{fam.name} layer {l}"
+        if fam.moe:                            # parameters, not modules
+            d = cfg.hidden_size
+            first = tuple(_param(b, p, w, d) for p in fam.first)
+            last = tuple(_param(b, p, w) for p in fam.last)
+            layers.append(Layer(b, first, last, _get(b, fam.stream, w),
+                                (), None, _get(b, fam.moe, w)))
+            continue
         first = tuple(_linear(_get(b, p, w), f"{w} {p}") for p in fam.first)
         layers.append(Layer(
             b, first, _linear(_get(b, fam.last, w), f"{w} {fam.last}"),

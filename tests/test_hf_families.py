@@ -15,7 +15,7 @@ pytest.importorskip("transformers", reason="the hf extra is not installed: "
 from icl_book.core import rel_err  # noqa: E402
 from icl_book.families import FAMILIES, TINY_ARCHS, adapter, tiny_model  # noqa: E402
 from conftest import model_output as out, random_ids as ids, snapshot  # noqa: E402
-from icl_book.hf import context_patches, patched  # noqa: E402
+from icl_book.hf import context_patches, moe_routing, patched  # noqa: E402
 
 TOL = {"float64": 1e-12, "float32": 1e-5}
 
@@ -182,13 +182,130 @@ def test_undescribed_layouts_are_refused():
     with pytest.raises(TypeError, match="do_layer_norm_before"):
         adapter(tiny_model("opt", do_layer_norm_before=False))
     import transformers
+    cfg = transformers.PhimoeConfig(hidden_size=16, num_hidden_layers=1,
+                                    intermediate_size=32,
+                                    num_attention_heads=4,
+                                    num_key_value_heads=2, vocab_size=97,
+                                    num_local_experts=4)
+    with pytest.raises(TypeError, match="'phimoe' is not described"):
+        context_patches(transformers.PhimoeForCausalLM(cfg).eval(),
+                        ids(1, 3, 0), ids(1, 1, 1))
+    with pytest.raises(TypeError, match="decoder_sparse_step"):
+        adapter(tiny_model("qwen2_moe", decoder_sparse_step=2))
+
+
+def test_mixtral_is_accepted():
+    "Mixtral was refused before the mixtures of experts were described."
+    import transformers
     cfg = transformers.MixtralConfig(hidden_size=16, num_hidden_layers=1,
                                      intermediate_size=32,
                                      num_attention_heads=4,
-                                     num_key_value_heads=2, vocab_size=97)
-    with pytest.raises(TypeError, match="'mixtral' is not described"):
-        context_patches(transformers.MixtralForCausalLM(cfg).eval(),
-                        ids(1, 3, 0), ids(1, 1, 1))
+                                     num_key_value_heads=2, vocab_size=97,
+                                     num_local_experts=4)
+    torch.manual_seed(0)
+    m = transformers.MixtralForCausalLM(cfg).eval()
+    assert adapter(m).family.name == "mixtral"
+    C, x = ids(1, 5, 0), ids(1, 2, 1)
+    full = out(m, torch.cat([C, x], 1))[:, -1]
+    with patched(m, context_patches(m, C, x)):
+        assert rel_err(out(m, x)[:, -1], full) <= 1e-5
+
+
+# ------------------------------------------------------ mixtures of experts
+MOE = ["mixtral", "qwen2_moe", "qwen3_moe"]
+MOE_TOL = {"float64": 1e-10, "float32": 1e-5}
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+@pytest.mark.parametrize("arch", MOE)
+def test_moe_routes_like_the_context(arch, dtype):
+    "Every layer and query position exact; the patched router selects the "
+    "with-context experts, with a margin far above the logits' error."
+    m = tiny_model(arch, dtype, seed=4, layers=2, d=16)
+    for n, q in ((1, 1), (17, 3)):
+        C, x = ids(2, n, 20 + n), ids(2, q, 30 + q)
+        full = out(m, torch.cat([C, x], 1))[:, -1]
+        for mode in ("rank1", "bias"):
+            p = context_patches(m, C, x, mode)
+            assert max(p.errors) <= MOE_TOL[dtype], p.errors
+            with patched(m, p):
+                assert rel_err(out(m, x)[:, -1], full) <= MOE_TOL[dtype]
+            for r in moe_routing(m, C, x, p):
+                assert r["same"], r
+                assert r["margin"] > 1e3 * r["logit_abs"], r   # no tie
+                assert r["logit_err"] <= 10 * MOE_TOL[dtype], r
+
+
+@pytest.mark.parametrize("arch", MOE)
+def test_moe_every_expert_and_the_router_are_patched(arch):
+    m = tiny_model(arch, "float64", seed=5, layers=2, d=16)
+    p = context_patches(m, ids(1, 9, 0), ids(1, 2, 1))
+    E = m.config.num_local_experts if arch == "mixtral" else \
+        m.config.num_experts
+    for lay, ad_lay in zip(p.layers, adapter(m).layers):
+        router, experts = lay.dW[0], lay.dW[1]
+        assert router.u.shape[-1] == E
+        u = experts.u.reshape(1, 2, *ad_lay.first[1].shape[:-1])
+        assert (u.abs().amax((0, 1, 3)) > 1e-6).all()   # every expert
+        assert lay.dW_out.v.shape[-1] == sum(
+            P.shape[:-2].numel() * P.shape[-1] for P in ad_lay.last)
+
+
+def test_moe_without_the_router_patch_is_wrong():
+    "The test can fail: patching the experts alone misses the context."
+    from icl_book.blocks import RankOne
+    from icl_book.hf import HFPatch
+    m = tiny_model("mixtral", "float64", seed=1, layers=2, d=16)
+    C, x = ids(2, 17, 2), ids(2, 3, 3)
+    full = out(m, torch.cat([C, x], 1))[:, -1]
+    p = context_patches(m, C, x)
+    layers = tuple(lay._replace(dW=(RankOne(0 * lay.dW[0].u, lay.dW[0].v),
+                                    *lay.dW[1:])) for lay in p.layers)
+    bad = HFPatch(layers, p.start, p.mode, p.arch, p.family, p.query_ids,
+                  p.positions, p.query_mask, p.errors, p._base)
+    with patched(m, bad):
+        assert rel_err(out(m, x)[:, -1], full) > 1e-3
+
+
+@pytest.mark.parametrize("arch", MOE)
+def test_moe_inplace_restores_bits_also_on_exceptions(arch):
+    m = tiny_model(arch, "float64", seed=3, layers=2, d=16)
+    C, x = ids(1, 9, 0), ids(1, 1, 1)
+    target = out(m, torch.cat([C, x], 1))[:, -1]
+    before = snapshot(m)
+    p = context_patches(m, C, x, "rank1")
+    with patched(m, p, inplace=True):
+        changed = {k for k, v in m.state_dict().items()
+                   if not torch.equal(v, before[k])}
+        got = out(m, x)[:, -1]
+    assert any("experts.gate_up_proj" in k for k in changed)
+    assert any("experts.down_proj" in k for k in changed)
+    assert any("gate.weight" in k for k in changed)
+    assert rel_err(got, target) <= 1e-10
+    with pytest.raises(RuntimeError, match="boom"):
+        with patched(m, p, inplace=True):
+            raise RuntimeError("boom")
+    assert all(torch.equal(v, before[k]) for k, v in m.state_dict().items())
+    with pytest.raises(ValueError, match="no bias"):
+        with patched(m, context_patches(m, C, x, "bias"), inplace=True):
+            pass
+    assert all(torch.equal(v, before[k]) for k, v in m.state_dict().items())
+
+
+def test_moe_generation_without_context_equals_generate():
+    from icl_book.hf import generate_without_context
+    m = tiny_model("qwen2_moe", "float32", seed=3, layers=2, d=16)
+    C, x = ids(2, 11, 4, low=2), ids(2, 2, 5, low=2)
+    ref = m.generate(torch.cat([C, x], 1), max_new_tokens=8, do_sample=False,
+                     attention_mask=torch.ones(2, 13, dtype=torch.long))
+    assert torch.equal(generate_without_context(m, C, x, 8), ref[:, 13:])
+
+
+def test_moe_routing_needs_a_mixture_of_experts():
+    m = tiny_model("llama", "float64", layers=2, d=16)
+    C, x = ids(1, 4, 0), ids(1, 1, 1)
+    with pytest.raises(TypeError, match="no mixture of experts"):
+        moe_routing(m, C, x, context_patches(m, C, x))
 
 
 # ------------------------------------------------------- devices, offload
