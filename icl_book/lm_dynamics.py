@@ -33,6 +33,11 @@ def _check_prefix_model(ad, model, n: int, q: int) -> None:
             f"the {ad.name} attends in both directions, so its context "
             "states depend on later tokens and no single pass gives every "
             "prefix's patches: call context_patches once per prefix")
+    if getattr(ad.family, 'moe', None):
+        raise TypeError(
+            f"the {ad.name} is a mixture of experts, whose patches are applied "
+            "position by position; the one pass does not batch them yet: "
+            "use token_updates(..., method='loop')")
     if not _accepts(ad.base, 'position_ids'):
         raise TypeError(
             f"the {ad.name} takes no position_ids, which the one pass needs "

@@ -122,6 +122,7 @@ def test_bad_inputs_are_refused():
         (lambda: prefix_patches(tiny_model("gpt_neo"),
                                 random_ids(1, 12, 0, low=2), x), "window"),
         (lambda: prefix_patches(tiny_model("bloom"), C, x), "position_ids"),
+        (lambda: prefix_updates(tiny_model("mixtral"), C, x), "mixture of experts"),
         (lambda: prefix_updates(m, C.expand(3, 6), x), "one sequence"),
         (lambda: token_updates(m, C, x, method="fast"), "method"),
         (lambda: bench_hf_trajectory(n=0, model=m), "positive integer"),
