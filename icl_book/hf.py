@@ -840,7 +840,7 @@ def plot_token_updates(U: torch.Tensor, labels) -> 'matplotlib.figure.Figure':
     from icl_book.core import set_style
     set_style()
     n, L = U.shape
-    fig, ax = plt.subplots(figsize=(min(12, 2 + 0.3 * n), 4.2))
+    fig, ax = plt.subplots(figsize=(min(7.6, 2 + 0.3 * n), 4.4))  # page width
     im = ax.imshow(U.T.double().clamp_min(1e-30).log10().numpy(),
                    aspect='auto', origin='lower', cmap='magma')
     ax.set_xticks(range(n), [repr(s)[1:-1] for s in labels], rotation=90,
