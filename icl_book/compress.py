@@ -12,8 +12,8 @@ from typing import NamedTuple, Optional
 import torch
 from .thought import ThoughtPatch
 from .weights import load_pretrained
-from .hf import _check_model
-from .compression import (_hook_all, _split_first, _last_add, pad_batch,
+from .hf import check_model
+from .compression import (hook_layers, split_first, last_add, pad_batch,
                                   fit_thought_patch, teacher_forced,
                                   compression_metrics)
 
@@ -218,7 +218,7 @@ def _out(o):
 
 def _heads(model):
     "Each layer's attention output projection, heads and head size."
-    arch = _check_model(model)
+    arch = check_model(model)
     if not arch.name.startswith('Llama'):
         raise TypeError(f"function vectors read each attention head's output "
                         f"before o_proj, implemented for Llama-family models "
@@ -230,7 +230,7 @@ def _heads(model):
 
 def icl_states(model, P, split: Split, cache=None) -> dict:
     "Run after P: prompt_states' dict, plus out and z at the last token."
-    arch = _check_model(model)
+    arch = check_model(model)
     cache = _cache(model, P) if cache is None else cache
     L, K = len(arch.layers), split.ids.shape[0]
     rows, last = torch.arange(K), split.last
@@ -266,7 +266,7 @@ def stream_edit(model, layer: int, vec: torch.Tensor, mode: str = 'replace',
     # at None: the last position of a call without a cache (generation)
     if mode not in ('replace', 'add'):
         raise ValueError(f"mode must be 'replace' or 'add', got {mode!r}")
-    arch = _check_model(model)
+    arch = check_model(model)
     if not 0 <= layer < len(arch.layers):
         raise ValueError(f"layer must be in 0..{len(arch.layers) - 1}, got "
                          f"{layer}")
@@ -464,7 +464,7 @@ class Compressed:
 @contextmanager
 def _thought_applied(model, c: Compressed):
     "The thought patch after the start token, queries at the fitted positions."
-    arch, tp = _check_model(model), c.patch
+    arch, tp = check_model(model), c.patch
     if len(tp.M) != len(arch.layers):
         raise ValueError(f"the patch has {len(tp.M)} layers, the model "
                          f"{len(arch.layers)}")
@@ -483,13 +483,13 @@ def _thought_applied(model, c: Compressed):
         return args, kw
 
     sel = lambda x: state['after'].to(x.dtype)
-    on_first = lambda l, j, a: _split_first(arch.layers[l], tp.M[l],
+    on_first = lambda l, j, a: split_first(arch.layers[l], tp.M[l],
                                             tp.beta[l], a, sel)[j]
-    on_last = lambda l, g: _last_add(tp.M_out[l], tp.delta[l], g, sel)
+    on_last = lambda l, g: last_add(tp.M_out[l], tp.delta[l], g, sel)
     with ExitStack() as st:
         st.callback(arch.base.register_forward_pre_hook(
             pre, with_kwargs=True).remove)
-        _hook_all(st, arch, lambda l, h: None, on_first, on_last)
+        hook_layers(st, arch, lambda l, h: None, on_first, on_last)
         yield model
 
 def _applied(self, model):
@@ -552,7 +552,7 @@ def evaluate(model, tok, task, cfg: CompressConfig = None,
     bad = set(methods) - set(METHODS)
     if bad:
         raise ValueError(f"unknown methods {sorted(bad)}; known: {METHODS}")
-    arch = _check_model(model)
+    arch = check_model(model)
     td = encode_task(tok, task, cfg)
     P, L, d = td.prompt, len(arch.layers), model.config.hidden_size
     layers = list(range(0, L, cfg.stride))

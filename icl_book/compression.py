@@ -9,16 +9,16 @@ from dataclasses import dataclass
 from typing import Optional
 import torch
 from .thought import ThoughtPatch, fit_linear_patch
-from .families import _weight
-from .hf import _check_model
+from .families import linear_weight
+from .hf import check_model
 
 
 # %% auto #0
-__all__ = ['THOUGHT_KINDS', 'pad_batch', 'prompt_states', 'fit_thought_patch', 'thought_patched', 'teacher_forced',
-           'compression_metrics', 'capitals', 'CompressionConfig']
+__all__ = ['THOUGHT_KINDS', 'hook_layers', 'pad_batch', 'prompt_states', 'fit_thought_patch', 'split_first', 'last_add',
+           'thought_patched', 'teacher_forced', 'compression_metrics', 'capitals', 'CompressionConfig']
 
 # %% ../nbs/11c_compression.ipynb #9edfa37e
-def _hook_all(stack: ExitStack, ad, on_h, on_first, on_last):
+def hook_layers(stack: ExitStack, ad, on_h, on_first, on_last):
     "Hooks on all layers, removed when `stack` closes: read h, add to outputs."
     if ad.family.pattern not in ('pre-norm', 'post-LN') or ad.scale != 1:
         raise TypeError(
@@ -57,7 +57,7 @@ def _free_inputs(prompt_ids, ids, keep: int):
 
 def prompt_states(model, prompt_ids, ids, mask) -> dict:
     "With the prompt: per layer h, a and the last matrix's output y (N, ·)."
-    ad = _check_model(model)
+    ad = check_model(model)
     (K, T), n = ids.shape, prompt_ids.shape[1]
     keep = [dict() for _ in ad.layers]
     pick = lambda t: t[:, n:][mask]                     # real query tokens
@@ -86,7 +86,7 @@ def fit_thought_patch(model, prompt_ids, ids, mask, kind: str = 'lstsq_out',
     "Static per-layer patch standing in for the prompt, fitted on ids (K, T)."
     if kind not in THOUGHT_KINDS:
         raise ValueError(f"kind must be one of {THOUGHT_KINDS}, got {kind!r}")
-    ad = _check_model(model)
+    ad = check_model(model)
     states = states or prompt_states(model, prompt_ids, ids, mask)
     L, ridge, sel = len(ad.layers), _ridge(lam), _after(keep)
     tp = ThoughtPatch([None] * L, [None] * L, [None] * L, [None] * L)
@@ -99,13 +99,13 @@ def fit_thought_patch(model, prompt_ids, ids, mask, kind: str = 'lstsq_out',
         lay, S = ad.layers[l], states['layers'][l]
         if j == 0:
             af = pick(a)
-            W = torch.cat([_weight(m) for m in lay.first])   # (ΣH, d)
+            W = torch.cat([linear_weight(m) for m in lay.first])   # (ΣH, d)
             V = (S['a'] - af) @ W.T                          # targets
             if kind == 'lstsq':
                 tp.M[l], tp.beta[l] = fit_linear_patch(
                     af, V, lam=ridge(af), rank=rank, bias=True)
             elif kind == 'bias': tp.beta[l] = V.mean(0)
-            add[l] = _split_first(lay, tp.M[l], tp.beta[l], a, sel)
+            add[l] = split_first(lay, tp.M[l], tp.beta[l], a, sel)
         return add[l][j]
 
     def on_out(m, args, y, l):
@@ -116,10 +116,10 @@ def fit_thought_patch(model, prompt_ids, ids, mask, kind: str = 'lstsq_out',
             tp.M_out[l], tp.delta[l] = fit_linear_patch(
                 g, R, lam=ridge(g), rank=rank, bias=True)
         else: tp.delta[l] = R.mean(0)
-        return y + _last_add(tp.M_out[l], tp.delta[l], args[0], sel)
+        return y + last_add(tp.M_out[l], tp.delta[l], args[0], sel)
 
     with torch.no_grad(), ExitStack() as st:
-        _hook_all(st, ad, on_h, on_first, lambda l, g: 0.)
+        hook_layers(st, ad, on_h, on_first, lambda l, g: 0.)
         for l, lay in enumerate(ad.layers):
             st.callback(lay.last.register_forward_hook(
                 lambda m, a, y, l=l: on_out(m, a, y, l)).remove)
@@ -137,15 +137,15 @@ def _after(keep: int):
         return s
     return sel
 
-def _split_first(lay, M, beta, a, sel) -> list:
+def split_first(lay, M, beta, a, sel) -> list:
     "What M a + β adds to each first matrix's output (0. when nothing)."
     if M is None and beta is None: return [0.] * len(lay.first)
     out = (a @ M.T if M is not None else 0.) + (beta if beta is not None
                                                 else 0.)
-    sizes = [_weight(m).shape[0] for m in lay.first]
+    sizes = [linear_weight(m).shape[0] for m in lay.first]
     return list(torch.split(out * sel(a), sizes, -1))
 
-def _last_add(M_out, delta, g, sel):
+def last_add(M_out, delta, g, sel):
     if M_out is None and delta is None: return 0.
     out = (g @ M_out.T if M_out is not None else 0.) + (
         delta if delta is not None else 0.)
@@ -154,15 +154,15 @@ def _last_add(M_out, delta, g, sel):
 @contextmanager
 def thought_patched(model, tp: ThoughtPatch, keep: int = 1):
     "Inside, the model runs with the static patch after `keep` tokens."
-    ad, sel = _check_model(model), _after(keep)
+    ad, sel = check_model(model), _after(keep)
     if len(tp.M) != len(ad.layers):
         raise ValueError(f"the patch has {len(tp.M)} layers, the model "
                          f"{len(ad.layers)}")
-    on_first = lambda l, j, a: _split_first(ad.layers[l], tp.M[l],
+    on_first = lambda l, j, a: split_first(ad.layers[l], tp.M[l],
                                             tp.beta[l], a, sel)[j]
-    on_last = lambda l, g: _last_add(tp.M_out[l], tp.delta[l], g, sel)
+    on_last = lambda l, g: last_add(tp.M_out[l], tp.delta[l], g, sel)
     with ExitStack() as st:
-        _hook_all(st, ad, lambda l, h: None, on_first, on_last)
+        hook_layers(st, ad, lambda l, h: None, on_first, on_last)
         yield model
 
 # %% ../nbs/11c_compression.ipynb #c01011c

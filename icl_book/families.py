@@ -10,8 +10,8 @@ from torch import nn
 from .core import resolve_dtype
 
 # %% auto #0
-__all__ = ['PATTERNS', 'FAMILIES', 'SUPPORTED', 'TINY_ARCHS', 'Family', 'tiny_model', 'Layer', 'Adapter', 'supported',
-           'find_family', 'adapter']
+__all__ = ['PATTERNS', 'FAMILIES', 'SUPPORTED', 'TINY_ARCHS', 'Family', 'tiny_model', 'Layer', 'Adapter', 'linear_weight',
+           'supported', 'find_family', 'adapter']
 
 # %% ../nbs/11a_families.ipynb #c00511a
 class Family(NamedTuple):
@@ -274,7 +274,7 @@ def _param(root: nn.Module, path: str, where: str,
                         f"release or subclass has a different block")
     return p
 
-def _weight(m: nn.Module) -> torch.Tensor:
+def linear_weight(m: nn.Module) -> torch.Tensor:
     "The matrix of a linear map as (out, in); `Conv1D` stores (in, out)."
     return m.weight if isinstance(m, nn.Linear) else m.weight.T
 

@@ -20,14 +20,16 @@ from .weights import (INSTALL, WHEELS, cache_dir, load_pretrained,
                               missing, weights_path)
 
 # %% auto #0
-__all__ = ['LayerPatch', 'HFPatch', 'context_patches', 'patched', 'moe_routing', 'patch_errors', 'plot_layer_errors',
-           'generate_without_context', 'token_updates_loop', 'token_updates', 'plot_token_updates', 'bench_hf']
+__all__ = ['SELF_CHECK_TOL', 'LayerPatch', 'HFPatch', 'check_model', 'check_ids', 'check_length', 'accepts_kwarg',
+           'with_context_pass', 'context_patches', 'closed_loop_pass', 'refuse_mismatch', 'model_dtype', 'patched',
+           'moe_routing', 'patch_errors', 'plot_layer_errors', 'generate_without_context', 'token_updates_loop',
+           'token_updates', 'plot_token_updates', 'bench_hf']
 
 # %% ../nbs/11b_patches.ipynb #25552293
 _MOVED = ('pad_batch', 'prompt_states', 'fit_thought_patch', 'ThoughtPatch',
           'thought_patched', 'teacher_forced', 'compression_metrics',
-          'CompressionConfig', 'THOUGHT_KINDS', 'capitals', '_hook_all',
-          '_split_first', '_last_add', '_after', '_free_inputs', '_ridge')
+          'CompressionConfig', 'THOUGHT_KINDS', 'capitals', 'hook_layers',
+          'split_first', 'last_add', '_after', '_free_inputs', '_ridge')
 _arch = adapter                  # the private name before the split
 
 def __getattr__(name: str):
@@ -84,7 +86,7 @@ class HFPatch:
         return sum(p.numel() for p in self.layers)
 
 # %% ../nbs/11b_patches.ipynb #c00711b
-def _check_model(model) -> Adapter:
+def check_model(model) -> Adapter:
     "The model's adapter, after checking modes, dtypes and devices."
     ad = adapter(model)
     train = [n or '(the model)' for n, m in model.named_modules()
@@ -114,7 +116,7 @@ def _is_ids(t) -> bool:
             and not t.dtype.is_floating_point and not t.is_complex()
             and t.dtype != torch.bool)
 
-def _check_ids(ad: Adapter, model, **ids: torch.Tensor) -> None:
+def check_ids(ad: Adapter, model, **ids: torch.Tensor) -> None:
     "Token ids (B, T): integer, on the model's device, in the vocabulary."
     emb = ad.base.get_input_embeddings().weight
     dispatched = hasattr(model, 'hf_device_map')
@@ -139,7 +141,8 @@ def _check_ids(ad: Adapter, model, **ids: torch.Tensor) -> None:
         shapes = {k: tuple(t.shape) for k, t in ids.items()}
         raise ValueError(f"the batch sizes differ: {shapes}")
 
-def _check_length(model, ad: Adapter, n: int, q: int) -> None:
+def check_length(model, ad: Adapter, n: int, q: int) -> None:
+    "Refuse context + query longer than the model's positions reach."
     field_ = ad.family.max_pos
     lim = getattr(model.config, field_) if field_ else None
     if lim is not None: lim -= ad.family.pos_reserved
@@ -231,14 +234,15 @@ def _base_forward(ad: Adapter, ids, mask=None, positions=None):
     kw = {}
     if positions is not None: kw['position_ids'] = positions
     if mask is not None: kw['attention_mask'] = mask
-    if _accepts(ad.base, 'use_cache'): kw['use_cache'] = False
+    if accepts_kwarg(ad.base, 'use_cache'): kw['use_cache'] = False
     return ad.base(input_ids=ids, **kw)
 
-def _accepts(mod: nn.Module, name: str) -> bool:
+def accepts_kwarg(mod: nn.Module, name: str) -> bool:
+    "Whether module `mod`'s forward takes the keyword argument `name`."
     import inspect
     return name in inspect.signature(mod.forward).parameters
 
-def _with_context(ad: Adapter, ids, mask, n: int, **kw) -> list:
+def with_context_pass(ad: Adapter, ids, mask, n: int, **kw) -> list:
     "Pass 1: per layer, what the stream, branches, first maps and block give."
     L, B, win = len(ad.layers), ids.shape[0], _Win(len(ad.layers))
     keep = [dict() for _ in range(L)]
@@ -270,7 +274,7 @@ def _with_context(ad: Adapter, ids, mask, n: int, **kw) -> list:
                                       for i in range(len(ad.family.branch)))
     return keep
 
-_TOL = {torch.float64: 1e-9, torch.float32: 1e-3}
+SELF_CHECK_TOL = {torch.float64: 1e-9, torch.float32: 1e-3}  # per-layer self-check
 
 def _wide(dtype) -> torch.dtype:
     "The dtype patches are computed in: the model's, at least float32."
@@ -350,27 +354,27 @@ def context_patches(model, context_ids: torch.Tensor, query_ids: torch.Tensor,
                     mode: str = 'rank1', min_norm=None, attention_mask=None,
                     check: bool = True) -> HFPatch:
     "Per-layer, per-position patches making the query alone act as [C, x]."
-    ad = _check_model(model)
+    ad = check_model(model)
     if mode not in PATCH_MODES:
         raise ValueError(f"mode must be one of {PATCH_MODES}, got {mode!r}")
-    _check_ids(ad, model, context_ids=context_ids, query_ids=query_ids)
+    check_ids(ad, model, context_ids=context_ids, query_ids=query_ids)
     (B, n), q = context_ids.shape, query_ids.shape[1]
-    _check_length(model, ad, n, q)
+    check_length(model, ad, n, q)
     mask = _check_mask(attention_mask, B, n + q, query_ids.device)
     qmask = None if mask is None else mask[:, n:]
     with torch.no_grad():
         full = torch.cat([context_ids, query_ids], 1)
-        ctx = _with_context(ad, full, mask, n)
+        ctx = with_context_pass(ad, full, mask, n)
         pos = (torch.arange(n, n + q, device=query_ids.device).expand(B, q)
-               if _accepts(ad.base, 'position_ids') else None)
-        layers, errs = _closed_loop(ad, ctx, query_ids, qmask, pos, mode,
+               if accepts_kwarg(ad.base, 'position_ids') else None)
+        layers, errs = closed_loop_pass(ad, ctx, query_ids, qmask, pos, mode,
                                     min_norm)
-    if check: _refuse(ad, errs)
+    if check: refuse_mismatch(ad, errs)
     return HFPatch(tuple(layers), n, mode, ad.name, ad.family.name,
                    query_ids, pos, qmask, errs, weakref.ref(ad.base))
 
-def _closed_loop(ad: Adapter, ctx: list, query_ids, qmask, pos, mode: str,
-                 min_norm=None) -> tuple:
+def closed_loop_pass(ad: Adapter, ctx: list, query_ids, qmask, pos,
+                     mode: str, min_norm=None) -> tuple:
     """Pass 2: the query alone (B, q) at positions `pos`, each layer patched
     to give its with-context values `ctx`; (layers, errors per layer)."""
     B = query_ids.shape[0]
@@ -479,21 +483,22 @@ def _closed_loop(ad: Adapter, ctx: list, query_ids, qmask, pos, mode: str,
                  for l in range(L))
     return layers, errs
 
-def _refuse(ad: Adapter, errs: tuple) -> None:
+def refuse_mismatch(ad: Adapter, errs: tuple) -> None:
     "The self-check: raise if a layer misses its with-context output."
-    tol = _TOL.get(_dtype(ad), 0.05)
+    tol = SELF_CHECK_TOL.get(model_dtype(ad), 0.05)
     bad = [(l, e) for l, e in enumerate(errs) if not e <= tol]
     if bad:
         l, e = bad[0]
         raise ValueError(
             f"self-check failed: with the patches, layer {l} of the "
             f"{ad.name} gives its with-context output only to a relative "
-            f"error of {e:.1e} (> {tol:g} for {_dtype(ad)}). The "
+            f"error of {e:.1e} (> {tol:g} for {model_dtype(ad)}). The "
             f"{ad.family.name!r} description does not match this block (a "
             "subclass, or another transformers release?), so the patches "
             "are refused.")
 
-def _dtype(ad: Adapter) -> torch.dtype:
+def model_dtype(ad: Adapter) -> torch.dtype:
+    "The dtype of the adapted model's first floating-point parameter."
     return next(p.dtype for p in ad.base.parameters() if p.is_floating_point())
 
 def _layer_err(out, ref, qmask) -> float:
@@ -513,11 +518,11 @@ def _check_patch(ad: Adapter, patches) -> None:
             f"the patches were computed for a {patches.arch} with "
             f"{len(patches)} layers; this is a {ad.name} with "
             f"{len(ad.layers)} layers")
-    if _wide(_dtype(ad)) != patches.layers[0].dW[0].u.dtype:
+    if _wide(model_dtype(ad)) != patches.layers[0].dW[0].u.dtype:
         raise ValueError(
             f"the patches and the model must share one dtype: the patches "
             f"are {patches.layers[0].dW[0].u.dtype}, the model "
-            f"{_dtype(ad)}")
+            f"{model_dtype(ad)}")
     if patches._base is not None and patches._base() is not ad.base:
         raise ValueError(
             "the patches were computed for another model object (one with "
@@ -603,7 +608,7 @@ def _write_weights(st: ExitStack, ad: Adapter, patches: HFPatch) -> None:
 @contextmanager
 def patched(model, patches: HFPatch, inplace: bool = False):
     "Inside, model(query) sees the context; positions and mask filled in."
-    ad = _check_model(model)
+    ad = check_model(model)
     _check_patch(ad, patches)
     win = _Win(len(ad.layers))
     P = patches.layers
@@ -666,7 +671,7 @@ def moe_routing(model, context_ids: torch.Tensor, query_ids: torch.Tensor,
                 patches: HFPatch) -> list:
     """Per MoE layer, at the query positions: whether the patched router
     selects the with-context experts, its logits' error, and the margin."""
-    ad = _check_model(model); _check_patch(ad, patches)
+    ad = check_model(model); _check_patch(ad, patches)
     if patches.query_mask is not None:
         raise ValueError("moe_routing compares unpadded runs: compute the "
                          "patches without an attention_mask")
@@ -723,7 +728,7 @@ def patch_errors(model, context_ids, query_ids, mode: str = 'rank1',
     "Relative errors of the patched query-only run, per layer and output."
     p = context_patches(model, context_ids, query_ids, mode,
                         attention_mask=attention_mask)
-    ad, n = _check_model(model), p.start
+    ad, n = check_model(model), p.start
     kw = {} if attention_mask is None else dict(attention_mask=attention_mask)
     q0 = {} if p.positions is None else dict(position_ids=p.positions)
     if p.query_mask is not None: q0['attention_mask'] = p.query_mask
@@ -774,7 +779,7 @@ def generate_without_context(model, context_ids: torch.Tensor,
                              query_ids: torch.Tensor, max_new_tokens: int,
                              mode: str = 'rank1', return_logits: bool = False):
     "Greedy tokens (B, k) after the query, the context replaced by patches."
-    ad = _check_model(model)
+    ad = check_model(model)
     if not ad.lm:
         raise TypeError(f"generation needs a causal LM head (a "
                         f"*ForCausalLM model); got a {ad.name}")

@@ -11,9 +11,9 @@ from .core import rel_err
 from .blocks import RankOne
 from .deep import PATCH_MODES
 from .hf import (HFPatch, LayerPatch, context_patches,
-                         token_updates_loop, _accepts, _check_ids,
-                         _check_length, _check_model,
-                         _closed_loop, _dtype, _refuse, _with_context, _TOL)
+                         token_updates_loop, accepts_kwarg, check_ids,
+                         check_length, check_model,
+                         closed_loop_pass, model_dtype, refuse_mismatch, with_context_pass, SELF_CHECK_TOL)
 from .weights import load_pretrained
 from .convergence import tail_slope
 from .compress import load_task
@@ -38,7 +38,7 @@ def _check_prefix_model(ad, model, n: int, q: int) -> None:
             f"the {ad.name} is a mixture of experts, whose patches are applied "
             "position by position; the one pass does not batch them yet: "
             "use token_updates(..., method='loop')")
-    if not _accepts(ad.base, 'position_ids'):
+    if not accepts_kwarg(ad.base, 'position_ids'):
         raise TypeError(
             f"the {ad.name} takes no position_ids, which the one pass needs "
             "to place each query copy after its prefix: use "
@@ -76,10 +76,10 @@ def _chunk_size(ad, n: int, q: int) -> int:
 
 def _check_first(ad, context_ids, query_ids, ctx) -> None:
     "The first copy must match a plain run of [c_1, query]."
-    ref = _with_context(ad, torch.cat([context_ids[:, :1], query_ids], 1),
+    ref = with_context_pass(ad, torch.cat([context_ids[:, :1], query_ids], 1),
                         None, 1)
     err = max(rel_err(c['out'][:1], r['out']) for c, r in zip(ctx, ref))
-    if not err <= _TOL.get(_dtype(ad), 0.05):
+    if not err <= SELF_CHECK_TOL.get(model_dtype(ad), 0.05):
         raise ValueError(
             f"the one-pass run of the {ad.name} does not reproduce a plain "
             f"run of the first prefix (relative error {err:.1e}): it ignores "
@@ -95,18 +95,18 @@ def _prefix_chunks(model, context_ids, query_ids, mode: str = 'rank1',
         raise ValueError(
             f"the one-pass patches take one sequence, context_ids (1, n); "
             f"got a batch of {context_ids.shape[0]}: loop over sequences")
-    ad = _check_model(model)
+    ad = check_model(model)
     if mode not in PATCH_MODES:
         raise ValueError(f"mode must be one of {PATCH_MODES}, got {mode!r}")
-    _check_ids(ad, model, context_ids=context_ids, query_ids=query_ids)
+    check_ids(ad, model, context_ids=context_ids, query_ids=query_ids)
     n, q = context_ids.shape[1], query_ids.shape[1]
-    _check_length(model, ad, n, q)
+    check_length(model, ad, n, q)
     _check_prefix_model(ad, model, n, q)
     if chunk is None: chunk = _chunk_size(ad, n, q)
     if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
         raise ValueError(f"chunk must be a positive integer, got {chunk!r}")
-    dev, dt = query_ids.device, _dtype(ad)
-    key = 'cache' if _accepts(ad.base, 'cache') else 'past_key_values'
+    dev, dt = query_ids.device, model_dtype(ad)
+    key = 'cache' if accepts_kwarg(ad.base, 'cache') else 'past_key_values'
     with torch.no_grad():
         out = ad.base(input_ids=context_ids, use_cache=True)
         cache = out[key] if key in out else out.past_key_values  # C's k, v
@@ -115,7 +115,7 @@ def _prefix_chunks(model, context_ids, query_ids, mode: str = 'rank1',
             pos = (torch.arange(lo, lo + m, device=dev)[:, None]
                    + torch.arange(q, device=dev))            # (m, q)
             ids = query_ids.expand(m, q)
-            ctx = _with_context(
+            ctx = with_context_pass(
                 ad, ids.reshape(1, m * q), _pack_mask(n, lo, m, q, dt, dev),
                 0, use_cache=True, position_ids=pos.reshape(1, m * q),
                 **{key: cache})
@@ -124,8 +124,8 @@ def _prefix_chunks(model, context_ids, query_ids, mode: str = 'rank1',
                    for c in ctx]                        # (m, q, ·)
             if check and lo == 1:
                 _check_first(ad, context_ids, query_ids, ctx)
-            layers, errs = _closed_loop(ad, ctx, ids, None, pos, mode)
-            if check: _refuse(ad, errs)
+            layers, errs = closed_loop_pass(ad, ctx, ids, None, pos, mode)
+            if check: refuse_mismatch(ad, errs)
             yield lo, layers, errs
 
 # %% ../nbs/11e_lm_dynamics.ipynb #c01211e
@@ -145,7 +145,7 @@ def prefix_patches(model, context_ids: torch.Tensor, query_ids: torch.Tensor,
     for _, layers, e in _prefix_chunks(model, context_ids, query_ids, mode,
                                        chunk, check):
         parts.append(layers); errs.append(e)
-    ad, (n, q) = _check_model(model), (context_ids.shape[1],
+    ad, (n, q) = check_model(model), (context_ids.shape[1],
                                         query_ids.shape[1])
     layers = tuple(LayerPatch(
         tuple(_cat([p[l].dW[j] for p in parts])
