@@ -342,6 +342,27 @@ def explorer(**start):
     box.controls, box.output, box.info = ctl, out, info
     return box
 
+# %% ../nbs/13_explorer.ipynb #859223f2
+def _panel(widgets, kind: str, depth: int, n: int, chunk: str, dpi: int):
+    "One precomputed panel of the static explorer: its numbers and figure."
+    r = explore(kind, depth, n, chunk)
+    t = time.perf_counter(); png = _png(plot_exploration(r, dpi=dpi))
+    return widgets.VBox([
+        widgets.HTML(_numbers_html(r, time.perf_counter() - t)),
+        widgets.Image(value=base64.b64decode(png), format='png',
+                      layout=widgets.Layout(max_width='100%'))])
+
+def _static_controls(widgets, g: dict) -> dict:
+    "The static explorer's three controls, one per axis of the grid `g`."
+    st = dict(description_width='initial')
+    return dict(
+        kind=widgets.Dropdown(options=list(g['kind']), description='layer',
+                              style=st),
+        depth=widgets.ToggleButtons(options=[str(d) for d in g['depth']],
+                                    description='depth L', style=st),
+        n=widgets.ToggleButtons(options=[str(n) for n in g['n']],
+                                description='context n', style=st))
+
 # %% ../nbs/13_explorer.ipynb #8c089a0a
 STATIC_GRID = dict(kind=LAYER_KINDS, depth=(3, 1), n=(64, 16))  # first: DEFAULTS
 
@@ -359,24 +380,10 @@ def static_explorer(grid: Optional[dict] = None, chunk: str = 'prefix',
     if chunk not in STACK_CHUNKS:
         raise ValueError(f"chunk must be one every depth can lose, one of "
                          f"{STACK_CHUNKS}, got {chunk!r}")
-    def leaf(kind, depth, n):                # one precomputed panel
-        r = explore(kind, depth, n, chunk)
-        t = time.perf_counter(); png = _png(plot_exploration(r, dpi=dpi))
-        return widgets.VBox([
-            widgets.HTML(_numbers_html(r, time.perf_counter() - t)),
-            widgets.Image(value=base64.b64decode(png), format='png',
-                          layout=widgets.Layout(max_width='100%'))])
-    st = dict(description_width='initial')
-    ctl = dict(
-        kind=widgets.Dropdown(options=list(g['kind']), description='layer',
-                              style=st),
-        depth=widgets.ToggleButtons(options=[str(d) for d in g['depth']],
-                                    description='depth L', style=st),
-        n=widgets.ToggleButtons(options=[str(n) for n in g['n']],
-                                description='context n', style=st))
+    ctl = _static_controls(widgets, g)
     links, stacks = [], []
     def stack(level, picked):                # nested: kind > depth > n
-        if level == 3: return leaf(*picked)
+        if level == 3: return _panel(widgets, *picked, chunk, dpi)
         name = ('kind', 'depth', 'n')[level]
         s = widgets.Stack([stack(level + 1, picked + (v,)) for v in g[name]],
                           selected_index=0)
