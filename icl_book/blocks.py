@@ -201,10 +201,6 @@ class RankOne(NamedTuple):
             f"flat() needs one update, got {tuple(self.u.shape)}; pick one index")
         return RankOne(self.u.reshape(-1), self.v.reshape(-1))
 
-    def unit(self) -> 'RankOne':
-        "u/||u|| and v/||v|| in float64 (a zero factor stays zero)."
-        return RankOne(*(F.normalize(t.double(), dim=-1) for t in self))
-
     def inner(self, other: 'RankOne') -> torch.Tensor:
         "<u vᵀ, u' v'ᵀ>_F = (u·u')(v·v') per index, in float64."
         u, v, u2, v2 = (t.double() for t in (*self, *other))
@@ -222,20 +218,31 @@ class RankOne(NamedTuple):
               + 2 * (du * u2).sum(-1) * (v * dv).sum(-1))
         return sq.clamp_min(0).sqrt()
 
-    def cosine(self, other: 'RankOne') -> torch.Tensor:
-        "<P, Q>_F / (||P|| ||Q||) per index; 0 where either is zero."
-        den = self.norm() * other.norm()
-        return self.inner(other) / den.clamp_min(torch.finfo(den.dtype).tiny)
 
-    def factor_cosines(self, other: 'RankOne') -> tuple:
-        "cos(u, u') and cos(v, v') per index (float64); `cosine` = their product."
-        a, b = self.unit(), other.unit()
-        return (a.u * b.u).sum(-1), (a.v * b.v).sum(-1)
+# %% ../nbs/01_contextual_blocks.ipynb #2f4632a0
+# Comparing rank-1 updates: methods of RankOne, defined apart to keep
+# the class short (assigned below, as fastcore's @patch would).
+def _cosine(self: RankOne, other: RankOne) -> torch.Tensor:
+    "<P, Q>_F / (||P|| ||Q||) per index; 0 where either is zero."
+    den = self.norm() * other.norm()
+    return self.inner(other) / den.clamp_min(torch.finfo(den.dtype).tiny)
 
-    def gram(self, other: 'RankOne') -> torch.Tensor:
-        "<u_i v_iᵀ, u'_j v'_jᵀ>_F for terms i, j on dim -2: (..., n, m), float64."
-        u, v, u2, v2 = (t.double() for t in (*self, *other))
-        return (u @ u2.transpose(-1, -2)) * (v @ v2.transpose(-1, -2))
+def _unit(self: RankOne) -> RankOne:
+    "u/||u|| and v/||v|| in float64 (a zero factor stays zero)."
+    return RankOne(*(F.normalize(t.double(), dim=-1) for t in self))
+
+def _factor_cosines(self: RankOne, other: RankOne) -> tuple:
+    "cos(u, u') and cos(v, v') per index (float64); `cosine` = their product."
+    a, b = self.unit(), other.unit()
+    return (a.u * b.u).sum(-1), (a.v * b.v).sum(-1)
+
+def _gram(self: RankOne, other: RankOne) -> torch.Tensor:
+    "<u_i v_iᵀ, u'_j v'_jᵀ>_F for terms i, j on dim -2: (..., n, m), float64."
+    u, v, u2, v2 = (t.double() for t in (*self, *other))
+    return (u @ u2.transpose(-1, -2)) * (v @ v2.transpose(-1, -2))
+
+RankOne.cosine, RankOne.unit = _cosine, _unit
+RankOne.factor_cosines, RankOne.gram = _factor_cosines, _gram
 
 # %% ../nbs/01_contextual_blocks.ipynb #43b380df
 def _fits(lead: tuple, z: torch.Tensor) -> bool:
