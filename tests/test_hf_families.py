@@ -62,7 +62,8 @@ def test_parallel_families_patch_only_the_last_matrix(arch):
 
 
 @pytest.mark.parametrize("arch", ["llama", "gpt2", "bert", "roberta", "opt",
-                                  "gpt_neox", "phi", "olmo2"])
+                                  "gpt_neox", "phi", "olmo2", "mixtral",
+                                  "qwen2_moe"])
 def test_padded_contexts_and_queries_are_exact(arch):
     "(Gemma 2's eager attention gives NaN rows for left padding, in the "
     "plain masked run itself, so it has no reference to match here.)"
