@@ -194,7 +194,10 @@ def tiny_model(arch: str = 'llama', dtype='float64', seed: int = 0,
     if arch == 'gpt_neo':                      # local and global attention
         kw.update(attention_types=[[['local', 'global'], layers // 2]]
                   + [[['global'], layers % 2]] * (layers % 2))
-    defaults = getattr(tf, cfg_cls)()
+    level = tf.logging.get_verbosity()     # a default config may warn about
+    tf.logging.set_verbosity_error()       # its own ids (Starcoder2's do):
+    try: defaults = getattr(tf, cfg_cls)() # only its fields are read here
+    finally: tf.logging.set_verbosity(level)
     if hasattr(defaults, 'num_key_value_heads'): kw['num_key_value_heads'] = 2
     if hasattr(defaults, 'head_dim') and arch != 'falcon':
         kw['head_dim'] = d // 4
