@@ -78,15 +78,9 @@ def reproduce_equivalence(name: str = 'attn10', ns=(1, 10, 40, 80),
                 float64_max_output_err=res['float64'][1],
                 context_lengths=list(ns), prompts=batch, seed=seed)
 
-# %% ../nbs/06_context_vs_patch.ipynb #ed780059
-def plot_context_vs_patch(log: dict, refs: dict, curve: dict, untrained: dict):
-    "Figure: test loss with context vs patched, over training and over n."
-    import matplotlib.pyplot as plt
-    from icl_book.core import set_style
-    set_style()
-    fig, (a, b, c) = plt.subplots(3, 1, figsize=(7, 14))
-    below = dict(loc='upper center', bbox_to_anchor=(0.5, -0.2), ncol=2,
-                 fontsize=10, frameon=False)     # legends off the data
+# %% ../nbs/06_context_vs_patch.ipynb #35462156
+def _over_training(a, log: dict, refs: dict, below: dict) -> None:
+    "Panel (a): train and test losses over training, with the references."
     s = log['step']
     a.plot(s[1:], log['train'][1:], color='0.75', lw=1, label='train')
     a.plot(s, log['test_ctx'], 'C0', lw=2, label='test, with context')
@@ -99,6 +93,10 @@ def plot_context_vs_patch(log: dict, refs: dict, curve: dict, untrained: dict):
     a.set(yscale='log', xlabel='training step', ylabel='test MSE',
           title='(a) over training')
     a.legend(**below)
+
+def _gap(b, log: dict, below: dict) -> None:
+    "Panel (b): the relative gaps between patched and with-context runs."
+    s = log['step']
     diff = [abs(p - q) / q for p, q in zip(log['test_patched'], log['test_ctx'])]
     b.plot(s, [max(x, 1e-12) for x in diff], 'C1o', ms=3,
            label='relative loss gap (0 drawn at $10^{-12}$)')
@@ -107,6 +105,9 @@ def plot_context_vs_patch(log: dict, refs: dict, curve: dict, untrained: dict):
           ylabel='relative gap',
           title='(b) close-up: patched vs with context')
     b.legend(**below)
+
+def _over_examples(c, curve: dict, untrained: dict, below: dict) -> None:
+    "Panel (c): test loss against the number of context examples."
     n = curve['n']
     c.plot(n, curve['test_ctx'], 'C0o-', ms=3, label='trained, with context')
     c.plot(n, curve['test_patched'], 'C1x--', ms=5, label='trained, patched')
@@ -118,5 +119,17 @@ def plot_context_vs_patch(log: dict, refs: dict, curve: dict, untrained: dict):
           ylabel='test MSE',
           title='(c) over the number of examples')
     c.legend(**below)
+
+# %% ../nbs/06_context_vs_patch.ipynb #ed780059
+def plot_context_vs_patch(log: dict, refs: dict, curve: dict, untrained: dict):
+    "Figure: test loss with context vs patched, over training and over n."
+    import matplotlib.pyplot as plt
+    from icl_book.core import set_style
+    set_style()
+    fig, (a, b, c) = plt.subplots(3, 1, figsize=(7, 14))
+    below = dict(loc='upper center', bbox_to_anchor=(0.5, -0.2), ncol=2,
+                 fontsize=10, frameon=False)     # legends off the data
+    _over_training(a, log, refs, below); _gap(b, log, below)
+    _over_examples(c, curve, untrained, below)
     fig.tight_layout()
     return fig
