@@ -106,6 +106,7 @@ def _gap(b, log: dict, below: dict) -> None:
           title='(b) close-up: patched vs with context')
     b.legend(**below)
 
+# %% ../nbs/06_context_vs_patch.ipynb #76fb8fd4
 def _over_examples(c, curve: dict, untrained: dict, below: dict) -> None:
     "Panel (c): test loss against the number of context examples."
     n = curve['n']
