@@ -41,17 +41,26 @@ def toc_files():
 def book():
     """Build the whole book once per session (--all): every notebook is executed (force,
     raise_on_error) and warnings are errors. Returns the build log."""
-    log_file = ROOT / "_build" / "build.log"
-    if os.environ.get("ICL_BOOK_REUSE_BUILD") == "1" and (ROOT / "_build/html").exists():
-        return 0, "reused the existing _build (ICL_BOOK_REUSE_BUILD=1)"   # for local reruns only
+    log_file, rc_file = ROOT / "_build" / "build.log", ROOT / "_build" / "build.rc"
+    if os.environ.get("ICL_BOOK_REUSE_BUILD") == "1":   # local reruns of the HTML checks:
+        if not rc_file.exists():                        # the last build's own result
+            pytest.fail("ICL_BOOK_REUSE_BUILD=1 but no recorded build: build once without it")
+        return int(rc_file.read_text()), log_file.read_text()
     if not (ROOT / "_vendor").exists():
         subprocess.run(["bash", str(ROOT / "tools/vendor.sh")], check=True)
     r = subprocess.run([tool("jupyter-book"), "build", "--all", "-W", "-n", "--keep-going", "."],
                        cwd=ROOT, capture_output=True, text=True)
     log = r.stdout + r.stderr
     (ROOT / "_build").mkdir(exist_ok=True)
-    (ROOT / "_build" / "build.log").write_text(log)
+    log_file.write_text(log); rc_file.write_text(str(r.returncode))
     return r.returncode, log
+
+
+@pytest.fixture(scope="session")
+def smollm2():
+    "(model, tokenizer) of the offline SmolLM2 weights, loaded once per session."
+    from icl_book.weights import load_pretrained
+    return load_pretrained("smollm2")
 
 
 def exec_data(doc):

@@ -4,17 +4,17 @@ The build executes every notebook (`raise_on_error: true`); the checks read
 the HTML it wrote, and, where headless Chromium is installed, the page as a
 browser renders it: typeset math, images, no raw LaTeX delimiters.
 """
-import os
 import re
-import shutil
-import subprocess
-import tempfile
+import sys
 from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
 
 from conftest import ROOT, toc_files as _toc_files
+
+sys.path.insert(0, str(ROOT / "tools"))
+import page_metrics  # noqa: E402  (tools/page_metrics.py: Chromium and layout probes)
 
 HTML = ROOT / "_build" / "html"
 ARTIFACTS = ROOT / "test-artifacts"
@@ -78,17 +78,11 @@ def test_index_redirects_to_root(book):
 
 def _chromium():
     "Headless Chromium: $CHROMIUM, else Debian's `chromium`, else a Chrome on PATH."
-    return (os.environ.get("CHROMIUM") or shutil.which("chromium")
-            or shutil.which("chromium-browser") or shutil.which("google-chrome"))
+    return page_metrics.chromium()
 
 
 def _browse(url, *extra):
-    with tempfile.TemporaryDirectory() as prof:
-        cmd = [_chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
-               "--disable-background-networking", "--disable-component-update",
-               "--disable-sync", "--no-first-run", f"--user-data-dir={prof}",
-               "--window-size=1280,1000", "--virtual-time-budget=10000", *extra, url]
-        return subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    return page_metrics.browse(url, 1280, *extra)
 
 
 @pytest.mark.skipif(_chromium() is None, reason="headless Chromium not installed "
@@ -110,10 +104,6 @@ def test_math_typeset_in_browser(book, doc):
 
 
 EXPLORER = "nbs/13_explorer"
-
-import sys
-sys.path.insert(0, str(ROOT / "tools"))
-import page_metrics  # noqa: E402  (tools/page_metrics.py: layout probes in Chromium)
 
 needs_chromium = pytest.mark.skipif(_chromium() is None, reason="headless Chromium not "
                                     "installed (`make browser` or `apt-get install chromium`)")

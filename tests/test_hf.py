@@ -256,11 +256,6 @@ needs_minilm = pytest.mark.skipif(missing("minilm") is not None,
                                   reason=str(missing("minilm")))
 
 
-@pytest.fixture(scope="module")
-def smollm2():
-    return load_pretrained("smollm2")
-
-
 @needs_smollm2
 def test_smollm2_every_layer_float32(smollm2):
     model, tok = smollm2

@@ -160,12 +160,6 @@ def test_roc_auc_and_scores():
     assert torch.allclose(sc[1], torch.full((2,), 4.))
 
 
-@pytest.fixture(scope="module")
-def smollm2():
-    from icl_book.weights import load_pretrained
-    return load_pretrained("smollm2")
-
-
 @needs_smollm2
 def test_smollm2_one_pass_equals_loop_float32(smollm2):
     model, tok = smollm2

@@ -13,8 +13,7 @@ from pathlib import Path
 
 HTML = Path(__file__).resolve().parents[1] / "_build" / "html"
 
-PROBE = r"""<script>
-window.addEventListener('load', () => setTimeout(() => {
+MEASURE = r"""
   const wide = [];
   const sel = 'div.math, mjx-container[display="true"], div.highlight pre, table, img';
   const main = document.querySelector('main, article, .bd-article') || document.body;
@@ -39,12 +38,8 @@ window.addEventListener('load', () => setTimeout(() => {
                  clipped: clip, text: (el.textContent || '').trim().slice(0, 60)});
     }
   }
-  const out = {height: document.documentElement.scrollHeight, width: innerWidth, wide: wide};
-  const pre = document.createElement('pre'); pre.id = '__metrics__';
-  pre.textContent = JSON.stringify(out); document.body.appendChild(pre);
-  if (window.parent !== window) window.parent.postMessage(JSON.stringify(out), '*');
-}, 2500));
-</script>"""
+  report({height: document.documentElement.scrollHeight, width: innerWidth, wide: wide});
+"""
 
 
 def chromium():
@@ -75,32 +70,17 @@ def _framed(page, src, width, height):
     return f
 
 
-def measure(doc, width=1400, dark=False):
-    "Height and unscrolled overflows of built page `doc` at `width` px."
-    page = HTML / f"{doc}.html"
-    if not page.exists():
-        raise FileNotFoundError(f"{page} not built: run `make book` first")
-    probe = page.with_name(f"_probe_{page.name}")
-    html = page.read_text()
-    if dark:
-        html = html.replace('data-theme="light"', 'data-theme="dark"')
-        html = html.replace('data-mode=""', 'data-mode="dark"')
-    probe.write_text(html.replace("</body>", PROBE + "</body>"))
-    frame = _framed(page, probe, width, 1000)      # Chromium's window is >= 500 px
-    try:
-        dom = browse(frame.as_uri(), max(width, 500), "--dump-dom").stdout
-    finally:
-        probe.unlink(); frame.unlink()
-    m = re.search(r'<pre id="__metrics__">(.*?)</pre>', dom, re.S)
-    if not m:
-        raise RuntimeError(f"{doc}: the probe reported nothing (page failed to load?)")
-    import html as _h
-    return json.loads(_h.unescape(m.group(1)))
+def _dark(html: str) -> str:
+    "The page in the theme's dark mode."
+    return (html.replace('data-theme="light"', 'data-theme="dark"')
+                .replace('data-mode=""', 'data-mode="dark"'))
 
 
-def probe(doc, js, width=1400, wait_ms=4000):
+def probe(doc, js, width=1400, wait_ms=4000, dark=False):
     """Run `js` in built page `doc` after it loaded (and `wait_ms` more);
-    the script calls `report(value)` once; returns that value (JSON)."""
+    the script calls `report(value)` once; returns that value (JSON).
+    The page is copied next to itself with the script added (so relative
+    links resolve) and shown in an iframe `width` px wide."""
     page = HTML / f"{doc}.html"
     if not page.exists():
         raise FileNotFoundError(f"{page} not built: run `make book` first")
@@ -110,18 +90,24 @@ def probe(doc, js, width=1400, wait_ms=4000):
               " if (window.parent !== window) window.parent.postMessage(JSON.stringify(v), '*'); }"
               f"window.addEventListener('load', () => setTimeout(async () => {{ {js} }}, {wait_ms}));"
               "</script>")
+    html = page.read_text()
     tmp = page.with_name(f"_js_{page.name}")
-    tmp.write_text(page.read_text().replace("</body>", script + "</body>"))
-    frame = _framed(page, tmp, width, 1000)
+    tmp.write_text((_dark(html) if dark else html).replace("</body>", script + "</body>"))
+    frame = _framed(page, tmp, width, 1000)       # Chromium's window is >= 500 px
     try:
         dom = browse(frame.as_uri(), max(width, 500), "--dump-dom").stdout
     finally:
         tmp.unlink(); frame.unlink()
     m = re.search(r'<pre id="__metrics__">(.*?)</pre>', dom, re.S)
     if not m:
-        raise RuntimeError(f"{doc}: the probe reported nothing")
+        raise RuntimeError(f"{doc}: the probe reported nothing (page failed to load?)")
     import html as _h
     return json.loads(_h.unescape(m.group(1)))
+
+
+def measure(doc, width=1400, dark=False):
+    "Height and unscrolled overflows of built page `doc` at `width` px."
+    return probe(doc, MEASURE, width, wait_ms=2500, dark=dark)
 
 
 def screenshot(doc, width, shot, dark=False, height=None):
@@ -130,9 +116,7 @@ def screenshot(doc, width, shot, dark=False, height=None):
     page = HTML / f"{doc}.html"
     src = page.with_name(f"_shot_{page.name}")
     html = page.read_text()
-    if dark:
-        html = html.replace('data-mode=""', 'data-mode="dark"').replace('data-theme="light"', 'data-theme="dark"')
-    src.write_text(html)
+    src.write_text(_dark(html) if dark else html)
     frame = _framed(page, src, width, h)
     try:
         browse(frame.as_uri(), max(width, 500), f"--screenshot={shot}", height=h)
