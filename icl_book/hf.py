@@ -830,11 +830,6 @@ def token_updates(model, context_ids: torch.Tensor, query_ids: torch.Tensor,
     if method != 'one-pass':
         raise ValueError(f"method must be 'one-pass' or 'loop', got "
                          f"{method!r}")
-    if adapter(model).family.moe:
-        raise TypeError(
-            "the one-pass construction of 11e_lm_dynamics hooks linear first "
-            "maps, not the 3-D expert tensors of a mixture of experts: use "
-            "token_updates(..., method='loop')")
     from icl_book.lm_dynamics import prefix_updates   # its home: 11e
     return prefix_updates(model, context_ids, query_ids, chunk=chunk)
 

@@ -35,9 +35,9 @@ def _check_prefix_model(ad, model, n: int, q: int) -> None:
             "prefix's patches: call context_patches once per prefix")
     if getattr(ad.family, 'moe', None):
         raise TypeError(
-            f"the {ad.name} is a mixture of experts, whose patches are applied "
-            "position by position; the one pass does not batch them yet: "
-            "use token_updates(..., method='loop')")
+            f"the {ad.name} is a mixture of experts: its patches go on 3-D "
+            "expert tensors, applied position by position, which the one "
+            "pass does not batch: use token_updates(..., method='loop')")
     if not accepts_kwarg(ad.base, 'position_ids'):
         raise TypeError(
             f"the {ad.name} takes no position_ids, which the one pass needs "
