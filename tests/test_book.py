@@ -15,6 +15,8 @@ from conftest import ROOT, toc_files as _toc_files
 
 sys.path.insert(0, str(ROOT / "tools"))
 import page_metrics  # noqa: E402  (tools/page_metrics.py: Chromium and layout probes)
+sys.path.insert(0, str(ROOT / "_ext"))
+from book_cells import imports_only  # noqa: E402  (the rule the book's extension applies)
 
 HTML = ROOT / "_build" / "html"
 ARTIFACTS = ROOT / "test-artifacts"
@@ -219,14 +221,9 @@ def test_no_words_about_how_the_book_was_made(book, doc):
                                  and not d.endswith("index")])
 def test_implementation_cells_collapsed(book, doc):
     "Every code cell shown is folded, unless it only imports or is tagged show-input."
-    import ast
     _, p = _code(doc)
     cells = [c for c in p.cells if "tag_remove-input" not in c["cls"] and c["code"]]
     assert cells, f"{doc}: no code cells found"
-    def imports_only(src):
-        try: body = ast.parse(src).body
-        except SyntaxError: return False
-        return bool(body) and all(isinstance(s, (ast.Import, ast.ImportFrom)) for s in body)
     open_ = [c for c in cells if "tag_hide-input" not in c["cls"]]
     bad = [c["code"][:60] for c in open_
            if "tag_show-input" not in c["cls"] and not imports_only(c["code"])]
