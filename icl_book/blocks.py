@@ -15,8 +15,9 @@ from .core import (check_finite, check_int, check_same,
 
 # %% auto #0
 __all__ = ['ATTENTION_KINDS', 'LAYER_KINDS', 'ACTS', 'as_seq', 'ContextualLayer', 'Attention', 'SoftmaxAttention',
-           'LinearAttention', 'RecurrentLayer', 'make_layer', 'RankOne', 'apply_update', 'MLP', 'ContextualBlock',
-           'make_block', 'PreLNBlock', 'StackConfig', 'PreLNStack', 'context_increments', 'plot_context_increments']
+           'LinearAttention', 'RecurrentLayer', 'make_layer', 'RankOne', 'broadcasts_to', 'apply_update', 'MLP',
+           'ContextualBlock', 'make_block', 'PreLNBlock', 'StackConfig', 'PreLNStack', 'context_increments',
+           'plot_context_increments']
 
 # %% ../nbs/01_contextual_blocks.ipynb #5cb39485
 def as_seq(x: torch.Tensor, name: str) -> torch.Tensor:
@@ -76,6 +77,9 @@ def _visible(r: slice, n: int, shift, mask, device) -> torch.Tensor:
 def _attend_chunks(mix, q, k, v, qv_self, shift, mask, budget) -> torch.Tensor:
     "Heads q (B, n_h, S, d_h) attend to k, v (B, n_h, n, d_h) by chunks of rows."
     (B, nh, S, dh), n = q.shape, k.shape[2]
+    if n == 1 and qv_self is None and mask is None and (shift is None or shift >= 1):
+        sc = (q * k).sum(-1, keepdim=True).div_(math.sqrt(dh))  # one key that
+        return mix(sc, sc.new_ones((), dtype=torch.bool)) * v   # every query sees
     rows = max(1, budget // (B * nh * (n + 1)))
     out = q.new_empty(q.shape)          # filled in place: the heap stays flat
     for r in (slice(a, min(S, a + rows)) for a in range(0, S, rows)):
@@ -119,8 +123,9 @@ class Attention(ContextualLayer):
         (B, S, d), n = Zq.shape, Zkv.shape[1]
         q = self._heads(self.q(Zq))                        # (B, n_h, S, d_h)
         k, v = self._heads(self.k(Zkv)), self._heads(self.v(Zkv))
-        if self._fused() and mask is None and not with_self and (
+        if self._fused() and n > 1 and mask is None and not with_self and (
                 shift is None or (shift == 1 and S == n)):  # torch's own kernel
+            # (not for one key: the elementwise path below is ~7x faster)
             out = F.scaled_dot_product_attention(q, k, v, is_causal=shift == 1)
         else:
             own = ((self._heads(self.k(Zq)), self._heads(self.v(Zq)))
@@ -245,10 +250,11 @@ RankOne.cosine, RankOne.unit = _cosine, _unit
 RankOne.factor_cosines, RankOne.gram = _factor_cosines, _gram
 
 # %% ../nbs/01_contextual_blocks.ipynb #43b380df
-def _fits(lead: tuple, z: torch.Tensor) -> bool:
-    "Whether factors with leading dims `lead` broadcast to z's, not beyond."
-    try: return torch.broadcast_shapes(lead, z.shape[:-1]) == z.shape[:-1]
-    except RuntimeError: return False
+def broadcasts_to(shape, target) -> bool:
+    "Whether a tensor of `shape` broadcasts to `target` without growing it."
+    shape, target = tuple(shape), tuple(target)    # (no torch call: ~1 µs)
+    return len(shape) <= len(target) and all(
+        s == t or s == 1 for s, t in zip(reversed(shape), reversed(target)))
 
 def apply_update(dW, z: torch.Tensor, H: Optional[int] = None) -> torch.Tensor:
     "ΔW z for ΔW None (zero), `RankOne`, (H, d) or (..., H, d); z (..., d)."
@@ -268,7 +274,7 @@ def apply_update(dW, z: torch.Tensor, H: Optional[int] = None) -> torch.Tensor:
     if H is not None and shape[0] != H:
         raise ValueError(f"the update has hidden width {shape[0]}, the weight "
                          f"it adds to has {H} rows: compute it for this layer")
-    if not _fits(tuple(lead), z):
+    if not broadcasts_to(lead, z.shape[:-1]):
         raise ValueError(f"the update is batched as {tuple(lead)} but the "
                          f"input as {tuple(z.shape[:-1])}: one update per "
                          "input (or one for all); compute it for this batch")
@@ -310,7 +316,8 @@ class MLP(nn.Module):
 
     def _hidden(self, pre: torch.Tensor) -> torch.Tensor:
         g = ACTS[self.act](pre)                     # what W_out will read
-        for lin in self.layers[1:-1]: g = ACTS[self.act](lin(g))
+        for lin in list(self.layers)[1:-1]:   # (slicing builds a ModuleList)
+            g = ACTS[self.act](lin(g))
         return g
 
     def hidden(self, z, dW=None, db=None) -> torch.Tensor:

@@ -12,7 +12,8 @@ import torch
 from torch import nn
 from .core import (TOLERANCE, check_int, check_same, rel_err,
                            resolve_dtype, seed_everything)
-from .blocks import MLP, PreLNBlock, PreLNStack, RankOne, StackConfig
+from .blocks import (MLP, PreLNBlock, PreLNStack, RankOne, StackConfig,
+                             broadcasts_to)
 from .patch import patched_weights, token_patch_factors
 
 # %% auto #0
@@ -82,10 +83,9 @@ def block_patch_factors(block: PreLNBlock, h_ctx: torch.Tensor,
         raise ValueError(f"mode must be one of {PATCH_MODES}, got {mode!r}")
     check_same(h_ctx=h_ctx, z_free=z_free, W=block.mlp.W)
     d = block.mlp.W.shape[1]
-    try: fits = torch.broadcast_shapes(z_free.shape, h_ctx.shape) == h_ctx.shape
-    except RuntimeError: fits = False
-    if (not fits or z_free.dim() != h_ctx.dim() or z_free.dim() < 2
-            or z_free.shape[-1] != d or z_free.shape[-2] != h_ctx.shape[-2]):
+    if (not broadcasts_to(z_free.shape, h_ctx.shape) or z_free.dim() < 2
+            or z_free.dim() != h_ctx.dim() or z_free.shape[-1] != d
+            or z_free.shape[-2] != h_ctx.shape[-2]):
         raise ValueError(f"h_ctx and z_free must both be (..., q, {d}) (z_free "
                          f"may have size 1 in a leading dim); got "
                          f"{tuple(h_ctx.shape)} and {tuple(z_free.shape)}")
