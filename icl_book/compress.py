@@ -13,9 +13,8 @@ import torch
 from .thought import ThoughtPatch
 from .weights import load_pretrained
 from .hf import check_model
-from .compression import (hook_layers, split_first, last_add, pad_batch,
-                                  fit_thought_patch, teacher_forced,
-                                  compression_metrics)
+from .compression import (pad_batch, fit_thought_patch, teacher_forced,
+                                  thought_patched, compression_metrics)
 
 # %% auto #0
 __all__ = ['TASKS', 'TEMPLATE', 'VARIANTS', 'METHODS', 'task_file', 'load_task', 'CompressConfig', 'Split', 'TaskData',
@@ -461,40 +460,10 @@ class Compressed:
         return torch.tensor([[self.start] + ids])
 
 # %% ../nbs/11d_compression.ipynb #d6e52984
-@contextmanager
-def _thought_applied(model, c: Compressed):
-    "The thought patch after the start token, queries at the fitted positions."
-    arch, tp = check_model(model), c.patch
-    if len(tp.M) != len(arch.layers):
-        raise ValueError(f"the patch has {len(tp.M)} layers, the model "
-                         f"{len(arch.layers)}")
-    state = {}
-
-    def pre(m, args, kw):
-        x = kw.get('input_ids', args[0] if args else None)
-        x = x if x is not None else kw['inputs_embeds']
-        cache = kw.get('cache', kw.get('past_key_values'))
-        past = 0 if cache is None else cache.get_seq_length()
-        pos = kw.get('position_ids')
-        if pos is None:
-            pos = torch.arange(past, past + x.shape[1], device=x.device)[None]
-        state['after'] = (pos >= 1)[..., None]           # (B | 1, T, 1)
-        kw['position_ids'] = torch.where(pos >= 1, pos + c.shift, pos)
-        return args, kw
-
-    sel = lambda x: state['after'].to(x.dtype)
-    on_first = lambda l, j, a: split_first(arch.layers[l], tp.M[l],
-                                            tp.beta[l], a, sel)[j]
-    on_last = lambda l, g: last_add(tp.M_out[l], tp.delta[l], g, sel)
-    with ExitStack() as st:
-        st.callback(arch.base.register_forward_pre_hook(
-            pre, with_kwargs=True).remove)
-        hook_layers(st, arch, lambda l, h: None, on_first, on_last)
-        yield model
-
 def _applied(self, model):
     "Context manager: the model runs as if the prompt were there."
-    if self.patch is not None: return _thought_applied(model, self)
+    if self.patch is not None:        # after the start token, queries moved
+        return thought_patched(model, self.patch, keep=1, shift=self.shift)
     mode = 'replace' if self.method == 'task_vector' else 'add'
     return stream_edit(model, self.layer, self.vector, mode)
 

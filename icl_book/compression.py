@@ -14,8 +14,8 @@ from .hf import check_model
 
 
 # %% auto #0
-__all__ = ['THOUGHT_KINDS', 'hook_layers', 'pad_batch', 'prompt_states', 'fit_thought_patch', 'split_first', 'last_add',
-           'thought_patched', 'teacher_forced', 'compression_metrics', 'capitals', 'CompressionConfig']
+__all__ = ['THOUGHT_KINDS', 'hook_layers', 'pad_batch', 'prompt_states', 'fit_thought_patch', 'call_positions', 'split_first',
+           'last_add', 'thought_patched', 'teacher_forced', 'compression_metrics', 'capitals', 'CompressionConfig']
 
 # %% ../nbs/11c_compression.ipynb #9edfa37e
 def hook_layers(stack: ExitStack, ad, on_h, on_first, on_last):
@@ -88,7 +88,10 @@ def fit_thought_patch(model, prompt_ids, ids, mask, kind: str = 'lstsq_out',
         raise ValueError(f"kind must be one of {THOUGHT_KINDS}, got {kind!r}")
     ad = check_model(model)
     states = states or prompt_states(model, prompt_ids, ids, mask)
-    L, ridge, sel = len(ad.layers), _ridge(lam), _after(keep)
+    L, ridge = len(ad.layers), _ridge(lam)
+    x, pos, att = _free_inputs(prompt_ids, ids, keep)
+    after = (pos >= keep)[..., None]        # thought_patched's rule
+    sel = lambda t: after.to(t.dtype)
     tp = ThoughtPatch([None] * L, [None] * L, [None] * L, [None] * L)
     pick = lambda t: t[:, keep:][mask]
     h_free, add = [None] * L, [None] * L
@@ -123,19 +126,20 @@ def fit_thought_patch(model, prompt_ids, ids, mask, kind: str = 'lstsq_out',
         for l, lay in enumerate(ad.layers):
             st.callback(lay.last.register_forward_hook(
                 lambda m, a, y, l=l: on_out(m, a, y, l)).remove)
-        x, pos, att = _free_inputs(prompt_ids, ids, keep)
         ad.base(input_ids=x, position_ids=pos, attention_mask=att,
                   use_cache=False)
     return tp
 
 # %% ../nbs/11c_compression.ipynb #c00911c
-def _after(keep: int):
-    "A (T, 1) mask that is 0 on the first `keep` positions."
-    def sel(x):
-        s = torch.ones(x.shape[1], 1, dtype=x.dtype, device=x.device)
-        s[:keep] = 0
-        return s
-    return sel
+def call_positions(args, kw) -> torch.Tensor:
+    "Absolute positions (B | 1, T) of a call: position_ids, else from the cache."
+    pos = kw.get('position_ids')
+    if pos is not None: return pos
+    x = kw.get('input_ids', args[0] if args else None)
+    x = x if x is not None else kw['inputs_embeds']
+    cache = kw.get('cache', kw.get('past_key_values'))
+    past = 0 if cache is None else cache.get_seq_length()
+    return torch.arange(past, past + x.shape[1], device=x.device)[None]
 
 def split_first(lay, M, beta, a, sel) -> list:
     "What M a + β adds to each first matrix's output (0. when nothing)."
@@ -152,16 +156,28 @@ def last_add(M_out, delta, g, sel):
     return out * sel(g)
 
 @contextmanager
-def thought_patched(model, tp: ThoughtPatch, keep: int = 1):
-    "Inside, the model runs with the static patch after `keep` tokens."
-    ad, sel = check_model(model), _after(keep)
+def thought_patched(model, tp: ThoughtPatch, keep: int = 1, shift: int = 0):
+    "Inside, the model runs with the static patch at positions >= `keep`."
+    # positions are absolute (cached generation included); shift > 0 also
+    # moves every patched position by shift (where the prompt's end would be)
+    ad = check_model(model)
     if len(tp.M) != len(ad.layers):
         raise ValueError(f"the patch has {len(tp.M)} layers, the model "
                          f"{len(ad.layers)}")
+    state = {}
+    def pre(m, args, kw):
+        pos = call_positions(args, kw)
+        state['after'] = (pos >= keep)[..., None]             # (B | 1, T, 1)
+        if shift:
+            kw['position_ids'] = torch.where(pos >= keep, pos + shift, pos)
+        return args, kw
+    sel = lambda x: state['after'].to(x.dtype)
     on_first = lambda l, j, a: split_first(ad.layers[l], tp.M[l],
                                             tp.beta[l], a, sel)[j]
     on_last = lambda l, g: last_add(tp.M_out[l], tp.delta[l], g, sel)
     with ExitStack() as st:
+        st.callback(ad.base.register_forward_pre_hook(
+            pre, with_kwargs=True).remove)
         hook_layers(st, ad, lambda l, h: None, on_first, on_last)
         yield model
 

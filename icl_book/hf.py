@@ -29,7 +29,7 @@ __all__ = ['SELF_CHECK_TOL', 'LayerPatch', 'HFPatch', 'check_model', 'check_ids'
 _MOVED = ('pad_batch', 'prompt_states', 'fit_thought_patch', 'ThoughtPatch',
           'thought_patched', 'teacher_forced', 'compression_metrics',
           'CompressionConfig', 'THOUGHT_KINDS', 'capitals', 'hook_layers',
-          'split_first', 'last_add', '_after', '_free_inputs', '_ridge')
+          'split_first', 'last_add', '_free_inputs', '_ridge')
 _arch = adapter                  # the private name before the split
 
 def __getattr__(name: str):
