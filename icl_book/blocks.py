@@ -77,14 +77,15 @@ def _visible(r: slice, n: int, shift, mask, device) -> torch.Tensor:
 def _attend_chunks(mix, q, k, v, qv_self, shift, mask, budget) -> torch.Tensor:
     "Heads q (B, n_h, S, d_h) attend to k, v (B, n_h, n, d_h) by chunks of rows."
     (B, nh, S, dh), n = q.shape, k.shape[2]
-    if n == 1 and qv_self is None and mask is None and (shift is None or shift >= 1):
-        sc = (q * k).sum(-1, keepdim=True).div_(math.sqrt(dh))  # one key that
-        return mix(sc, sc.new_ones((), dtype=torch.bool)) * v   # every query sees
     rows = max(1, budget // (B * nh * (n + 1)))
-    out = q.new_empty(q.shape)          # filled in place: the heap stays flat
-    for r in (slice(a, min(S, a + rows)) for a in range(0, S, rows)):
+    chunks = [slice(a, min(S, a + rows)) for a in range(0, S, rows)]
+    out = q.new_empty(q.shape) if len(chunks) != 1 else None  # heap flat
+    for r in chunks:
         see = n if shift is None else max(0, min(n, r.stop - 1 + shift))
-        qr, m = q[:, :, r], _visible(r, see, shift, mask, q.device)
+        if mask is None and (shift is None or r.start + shift >= see):
+            m = q.new_ones((1, 1), dtype=torch.bool)   # every row sees all
+        else: m = _visible(r, see, shift, mask, q.device)
+        qr = q[:, :, r]
         if see == 1: sc = (qr * k[:, :, :1]).sum(-1, keepdim=True)  # no bmm
         else: sc = qr @ k[:, :, :see].transpose(-1, -2)  # (B, n_h, r, see)
         if qv_self is not None:                        # own key, last
@@ -95,7 +96,9 @@ def _attend_chunks(mix, q, k, v, qv_self, shift, mask, budget) -> torch.Tensor:
         p = mix(sc.div_(math.sqrt(dh)), m)
         o = (p[..., :1] * v[:, :, :1] if see == 1      # (B, n_h, r, d_h)
              else p[..., :see] @ v[:, :, :see])
-        out[:, :, r] = o + p[..., see:] * vs if qv_self is not None else o
+        if qv_self is not None: o = o + p[..., see:] * vs
+        if out is None: return o                       # one chunk: no copy
+        out[:, :, r] = o
     return out
 
 # %% ../nbs/01_contextual_blocks.ipynb #cde41116
@@ -252,7 +255,7 @@ RankOne.factor_cosines, RankOne.gram = _factor_cosines, _gram
 # %% ../nbs/01_contextual_blocks.ipynb #43b380df
 def broadcasts_to(shape, target) -> bool:
     "Whether a tensor of `shape` broadcasts to `target` without growing it."
-    shape, target = tuple(shape), tuple(target)    # (no torch call: ~1 µs)
+    shape, target = tuple(shape), tuple(target)    # plain Python, no torch call
     return len(shape) <= len(target) and all(
         s == t or s == 1 for s, t in zip(reversed(shape), reversed(target)))
 
