@@ -136,6 +136,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
             'icl_book.compression': { 'icl_book.compression.CompressionConfig': ( 'compression.html#compressionconfig',
                                                                                   'icl_book/compression.py'),
                                       'icl_book.compression._free_inputs': ('compression.html#_free_inputs', 'icl_book/compression.py'),
+                                      'icl_book.compression._patched_at': ('compression.html#_patched_at', 'icl_book/compression.py'),
                                       'icl_book.compression._ridge': ('compression.html#_ridge', 'icl_book/compression.py'),
                                       'icl_book.compression.call_positions': ('compression.html#call_positions', 'icl_book/compression.py'),
                                       'icl_book.compression.capitals': ('compression.html#capitals', 'icl_book/compression.py'),

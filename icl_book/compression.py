@@ -80,6 +80,10 @@ THOUGHT_KINDS = ('lstsq', 'lstsq_out', 'bias', 'none')
 def _ridge(lam):
     return lambda A: lam * (A * A).sum(-1).mean().item()   # relative λ
 
+def _patched_at(pos, keep: int) -> torch.Tensor:
+    "(..., T, 1): True where the static patch acts, at positions >= keep."
+    return (pos >= keep)[..., None]
+
 def fit_thought_patch(model, prompt_ids, ids, mask, kind: str = 'lstsq_out',
                       rank: Optional[int] = None, lam: float = 0.1,
                       keep: int = 1, states: Optional[dict] = None):
@@ -90,7 +94,7 @@ def fit_thought_patch(model, prompt_ids, ids, mask, kind: str = 'lstsq_out',
     states = states or prompt_states(model, prompt_ids, ids, mask)
     L, ridge = len(ad.layers), _ridge(lam)
     x, pos, att = _free_inputs(prompt_ids, ids, keep)
-    after = (pos >= keep)[..., None]        # thought_patched's rule
+    after = _patched_at(pos, keep)
     sel = lambda t: after.to(t.dtype)
     tp = ThoughtPatch([None] * L, [None] * L, [None] * L, [None] * L)
     pick = lambda t: t[:, keep:][mask]
@@ -167,7 +171,7 @@ def thought_patched(model, tp: ThoughtPatch, keep: int = 1, shift: int = 0):
     state = {}
     def pre(m, args, kw):
         pos = call_positions(args, kw)
-        state['after'] = (pos >= keep)[..., None]             # (B | 1, T, 1)
+        state['after'] = _patched_at(pos, keep)               # (B | 1, T, 1)
         if shift:
             kw['position_ids'] = torch.where(pos >= keep, pos + shift, pos)
         return args, kw
