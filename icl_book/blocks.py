@@ -10,7 +10,7 @@ from typing import NamedTuple, Optional
 import torch
 from torch import nn
 import torch.nn.functional as F
-from .core import (check_finite, check_int, check_same,
+from .core import (check_finite, check_int, check_not_held, check_same,
                            resolve_dtype, seed_everything)
 
 # %% auto #0
@@ -426,6 +426,7 @@ class PreLNStack(nn.Module):
 
     def forward(self, X, updates=None, mask=None, return_hidden=False):
         "Run the stack; `updates[l]` is a dict of MLP updates for block l."
+        check_not_held(self, 'this PreLNStack')
         H = self.embed(as_seq(X, 'X')); hidden = [H]
         if updates is not None and len(updates) != len(self.blocks):
             raise ValueError(f"need one update dict per block ({len(self.blocks)}), "

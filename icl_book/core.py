@@ -4,13 +4,13 @@
 
 # %% ../nbs/00_core.ipynb #b97b7cba
 from __future__ import annotations
-import random
+import math, random, signal, threading
 import numpy as np
 import torch
 
 # %% auto #0
 __all__ = ['DTYPES', 'TOLERANCE', 'check_int', 'seed_everything', 'resolve_dtype', 'rel_err', 'check_same', 'check_finite',
-           'set_style', 'glue_figure', 'table_style']
+           'held_by', 'check_not_held', 'InPlace', 'set_style', 'glue_figure', 'table_style']
 
 # %% ../nbs/00_core.ipynb #8f510863
 def check_int(name: str, value, low: int = 1, high=None) -> int:
@@ -82,6 +82,99 @@ def check_finite(**tensors: torch.Tensor) -> None:
         if v is not None and not bool(torch.isfinite(v).all()):
             raise ValueError(f"{k} is not finite (it holds NaN or inf): check "
                              "the inputs and the weights they came from")
+
+# %% ../nbs/00_core.ipynb #c0inpl02
+_HELD, _LOCK = {}, threading.RLock()   # id(tensor or model) -> its InPlace
+
+def held_by(obj):
+    "The active `InPlace` edit holding `obj` (a tensor or a model), or None."
+    return _HELD.get(id(obj))
+
+def check_not_held(obj, name: str = 'the model') -> None:
+    "Refuse to run `obj` in a thread other than the one that patched it in place."
+    edit = _HELD.get(id(obj))
+    if edit is not None and edit.thread != threading.get_ident():
+        raise RuntimeError(
+            f"{name} is patched in place by another thread, so this call "
+            "would run with that thread's patch: in-place patching is not "
+            "thread-safe. Wait until its `with` block ends, or use the "
+            "functional route (patch.apply / dW=...), which edits nothing.")
+
+# %% ../nbs/00_core.ipynb #c0inpl03
+class InPlace:
+    "Add deltas to tensors in place; restore them bit for bit on exit, even on Ctrl-C."
+    def __init__(self, edits, owner=None, tag=None):
+        self.edits = list(edits)        # (tensor, delta) pairs
+        self.owner, self.tag = owner, tag   # the model held; what it needs to know
+        self.saved, self.thread = None, None
+
+    def _keys(self) -> list:
+        objs = [t for t, _ in self.edits] + [self.owner]
+        return [id(o) for o in objs if o is not None]
+
+    def _claim(self) -> None:
+        if any(k in _HELD for k in self._keys()):
+            raise RuntimeError(
+                "this weight or model is already patched in place by an active "
+                "`with` block (here or in another thread); nesting would add "
+                "the patches together. Exit that block first.")
+        self.thread = threading.get_ident()
+        self.saved = [t.detach().clone() for t, _ in self.edits]  # record first
+        for k in self._keys(): _HELD[k] = self
+        for t, d in self.edits: t.detach().add_(d)            # then write
+
+    def _undo(self) -> None:
+        with _LOCK:                      # idempotent: safe to repeat
+            if self.saved is None: return
+            for (t, _), s in zip(self.edits, self.saved): t.detach().copy_(s)
+            for k in self._keys():
+                if _HELD.get(k) is self: del _HELD[k]
+            self.saved = None
+
+    def __enter__(self):
+        if self.saved is not None:
+            raise RuntimeError("this in-place patch is active already; it can "
+                               "be entered only once at a time")
+        try:
+            _guard_sigint()
+            with _LOCK: self._claim()
+            if _SIG['pending']: raise KeyboardInterrupt   # held back: undo
+            return self.owner if self.owner is not None else self.edits[0][0]
+        except BaseException as e:          # interrupted or refused: undo
+            ki = isinstance(e, KeyboardInterrupt)
+            self._undo()
+            if _SIG['pending']:             # no call after this read
+                _SIG['pending'] = False
+                if not ki: raise KeyboardInterrupt from e
+            raise
+
+    def __exit__(self, *exc) -> bool:
+        try: self._undo()
+        except BaseException: self._undo(); raise   # finish, then propagate
+        if _SIG['pending']:                 # a Ctrl-C held back: raise it now
+            _SIG['pending'] = False; raise KeyboardInterrupt
+        return False
+
+# %% ../nbs/00_core.ipynb #c0inpl05
+_SIG = {'prev': None, 'pending': False}
+
+def _on_sigint(signum, frame):
+    "Ctrl-C: held back inside InPlace's own code, else the former handler."
+    if frame is not None and frame.f_code in _CRITICAL:
+        _SIG['pending'] = True; return
+    prev = _SIG['prev']
+    if callable(prev): return prev(signum, frame)
+    if prev != signal.SIG_IGN: raise KeyboardInterrupt
+
+def _guard_sigint() -> None:
+    "Install `_on_sigint` (main thread only: signals are handled there)."
+    if threading.current_thread() is not threading.main_thread(): return
+    if signal.getsignal(signal.SIGINT) is not _on_sigint:
+        _SIG['prev'] = signal.getsignal(signal.SIGINT)
+        signal.signal(signal.SIGINT, _on_sigint)
+
+_CRITICAL = {f.__code__ for f in (InPlace.__enter__, InPlace.__exit__,
+                                  InPlace._claim, InPlace._undo)}
 
 # %% ../nbs/00_core.ipynb #fb16f0f9
 def set_style() -> None:

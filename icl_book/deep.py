@@ -4,17 +4,17 @@
 
 # %% ../nbs/03_deep.ipynb #38b88b30
 from __future__ import annotations
-import math, time
-from contextlib import ExitStack, contextmanager
+import itertools, math, time
 from dataclasses import dataclass, field, replace
 from typing import NamedTuple, Optional
 import torch
 from torch import nn
-from .core import (TOLERANCE, check_int, check_same, rel_err,
+from .core import (TOLERANCE, InPlace, check_int, check_not_held,
+                           check_same, held_by, rel_err,
                            resolve_dtype, seed_everything)
 from .blocks import (MLP, PreLNBlock, PreLNStack, RankOne, StackConfig,
                              broadcasts_to)
-from .patch import patched_weights, token_patch_factors
+from .patch import token_patch_factors
 
 # %% auto #0
 __all__ = ['PATCH_MODES', 'MODES', 'VERIFY_DEFAULTS', 'BlockPatch', 'attention_residual', 'block_patch_factors', 'LMConfig',
@@ -60,14 +60,6 @@ def attention_residual(block: PreLNBlock, Z: torch.Tensor) -> torch.Tensor:
     T, d = Z.shape[-2:]
     return block.residual(Z.reshape(-1, T, d)).reshape(Z.shape)  # (B', T, d)
 
-def _mlp_last_input(mlp: MLP, a: torch.Tensor) -> torch.Tensor:
-    "g (..., H): what the MLP's last linear layer reads when the MLP reads a."
-    seen = []
-    hook = mlp.layers[-1].register_forward_pre_hook(
-        lambda mod, args: seen.append(args[0]))
-    try: mlp(a)
-    finally: hook.remove()
-    return seen[0]
 
 # %% ../nbs/03_deep.ipynb #d623cdfa
 PATCH_MODES = ('bias', 'rank1')   # residual carried by Δb_out, or by ΔW_out
@@ -94,7 +86,7 @@ def block_patch_factors(block: PreLNBlock, h_ctx: torch.Tensor,
     dW = token_patch_factors(block.mlp.W, ln_ctx, a, min_norm)
     delta = h_ctx - h_free                                  # residual diff.
     if mode == 'bias': return BlockPatch(dW, delta, None)
-    g = _mlp_last_input(block.mlp, ln_ctx)                  # (..., q, H)
+    g = block.mlp.hidden(ln_ctx)                  # (..., q, H)
     g2 = (g * g).sum(-1, keepdim=True)
     if not (g2 > torch.finfo(g.dtype).tiny).all():
         raise ValueError("the MLP's last hidden layer is zero at some query "
@@ -152,7 +144,9 @@ class TinyLM(nn.Module):
     def forward(self, tokens, start: Optional[int] = None, updates=None,
                 return_hidden: bool = False):
         "Logits (B, T, vocab) at positions start.. (default 0, or the patch's)."
-        held = getattr(self, '_patch_start', None)        # set by inplace
+        check_not_held(self, 'this TinyLM')
+        edit = held_by(self)                    # set by DeepPatch.inplace
+        held = None if edit is None else edit.tag
         if start is None: start = 0 if held is None else held
         elif held is not None and start != held:
             raise ValueError(
@@ -216,9 +210,9 @@ def _inplace_edits(blocks, layers) -> list:
     edits, seen = [], {}
     for l, (blk, p) in enumerate(zip(blocks, layers)):
         first, last = blk.mlp.layers[0], blk.mlp.layers[-1]
-        mine = [(first.weight, p.dW.flat())]
+        mine = [(first.weight, p.dW.flat().dense())]
         if p.db_out is not None: mine.append((last.bias, p.db_out.reshape(-1)))
-        if p.dW_out is not None: mine.append((last.weight, p.dW_out.flat()))
+        if p.dW_out is not None: mine.append((last.weight, p.dW_out.flat().dense()))
         for weight, dW in mine:
             if id(weight) in seen:
                 raise ValueError(
@@ -228,23 +222,14 @@ def _inplace_edits(blocks, layers) -> list:
             seen[id(weight)] = l; edits.append((weight, dW))
     return edits
 
-@contextmanager
-def _held_start(model, start: int):
-    "While patched in place, a TinyLM's forward starts at the query's position."
-    if not isinstance(model, TinyLM): yield; return
-    object.__setattr__(model, '_patch_start', start)
-    try: yield
-    finally: object.__delattr__(model, '_patch_start')
+def _model_key(model) -> int:
+    "A number naming `model`, so that a patch knows the model it was made for."
+    if '_icl_key' not in model.__dict__:
+        object.__setattr__(model, '_icl_key', next(_KEYS))
+    return model.__dict__['_icl_key']
 
-@contextmanager
-def _written(patch, blocks, model):
-    "The patch's one-position factors added to the model's weights, restored after."
-    edits = _inplace_edits(blocks, patch.layers)
-    with ExitStack() as stack:
-        for weight, dW in edits:
-            stack.enter_context(patched_weights(weight, dW))
-        stack.enter_context(_held_start(model, patch.start))
-        yield model
+_KEYS = itertools.count(1)
+
 
 # %% ../nbs/03_deep.ipynb #3e80ed90
 def _check_fit(patch, model, x=None) -> nn.ModuleList:
@@ -253,6 +238,11 @@ def _check_fit(patch, model, x=None) -> nn.ModuleList:
     if len(blocks) != len(patch):
         raise ValueError(f"the patch has {len(patch)} layers, the model "
                          f"{len(blocks)} blocks")
+    if patch.model is not None and patch.model != _model_key(model):
+        raise ValueError(
+            f"this patch was computed for another {type(model).__name__} (of "
+            "the same shape, perhaps); a patch holds for the model it was "
+            "made for only: compute context_patches(model, C, x)")
     if x is None: return blocks
     if tuple(x.shape[:2]) != patch.shape:
         raise ValueError(f"the patch was computed for (B, q) = "
@@ -272,6 +262,8 @@ class DeepPatch:
     mode: str = 'bias'   # 'bias' (ΔW + steering vector) or 'rank1'
     query: Optional[torch.Tensor] = field(default=None, repr=False,
                                           compare=False)  # x it was made for
+    model: Optional[int] = field(default=None, repr=False,
+                                 compare=False)   # _model_key of its model
 
     def __len__(self) -> int: return len(self.layers)
 
@@ -293,16 +285,17 @@ class DeepPatch:
         _check_fit(self, model, x)
         return _forward(model, x, self.start, self.updates(), return_hidden)
 
-    @contextmanager
-    def inplace(self, model):
-        "Write the patch into `model`'s weights; restore them bit for bit."
+    def inplace(self, model) -> InPlace:
+        "A `with` block writing the patch into `model`'s weights, restored bit for bit."
         blocks = _check_fit(self, model)
         if math.prod(self.shape) != 1:
             raise ValueError(
                 f"in-place patching writes one matrix per layer, so it needs "
                 f"the patch of one query token of one sequence; this one has "
                 f"(B, q) = {self.shape}. Use patch.apply(model, x) instead.")
-        with _written(self, blocks, model): yield model
+        return InPlace(_inplace_edits(blocks, self.layers), owner=model,
+                       tag=self.start)     # TinyLM.forward reads the start
+
 
 # %% ../nbs/03_deep.ipynb #1b5b28e8
 def context_patches(model, C: torch.Tensor, x: torch.Tensor,
@@ -324,7 +317,8 @@ def context_patches(model, C: torch.Tensor, x: torch.Tensor,
                                     mode, min_norm)
             layers.append(p)
             if closed_loop: z = blk(z, **p.kwargs())        # patched block
-    return DeepPatch(tuple(layers), start=n, mode=mode, query=x)
+    return DeepPatch(tuple(layers), start=n, mode=mode, query=x,
+                     model=_model_key(model))
 
 # %% ../nbs/03_deep.ipynb #60be80e0
 def patch_errors(model, C: torch.Tensor, x: torch.Tensor, mode: str = 'bias',

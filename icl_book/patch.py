@@ -6,7 +6,8 @@
 from __future__ import annotations
 import math
 import torch
-from .core import check_finite, check_same, rel_err, seed_everything
+from .core import (InPlace, check_finite, check_same, rel_err,
+                           seed_everything)
 from .blocks import ATTENTION_KINDS, ContextualBlock, RankOne, make_block
 
 # %% auto #0
@@ -102,34 +103,24 @@ def chunk_patch(block: ContextualBlock, C: torch.Tensor, x: torch.Tensor,
     return token_patch_factors(block.W.detach(), a_full, a_ref, min_norm)
 
 # %% ../nbs/02_token_patch.ipynb #4245c395
-class patched_weights:
+class patched_weights(InPlace):
     "Add ΔW (one matrix, or a RankOne with one u, v) to `weight` in place; restore on exit."
-    def __init__(self, weight: torch.nn.Parameter, dW):
+    def __init__(self, weight: torch.nn.Parameter, # the tensor to edit
+                 dW):                              # ΔW, or a RankOne of one u, v
         dense = dW.dense() if isinstance(dW, RankOne) else dW
         if not isinstance(dense, torch.Tensor) or dense.shape != weight.shape:
             raise ValueError(
                 f"in-place patching takes one update of the weight's shape "
                 f"{tuple(weight.shape)}, got {tuple(getattr(dense, 'shape', ()))}"
                 "; for a batch of per-query patches use block(C, x, dW=patch)")
-        check_same(weight=weight.data, dW=dense)
+        check_same(weight=weight.data, dW=dense); check_finite(dW=dense)
         if dense.requires_grad:
             raise ValueError(
                 "ΔW requires grad, but an in-place patch is not differentiable "
                 "in ΔW (the weight is edited under no_grad); for gradients use "
                 "the functional route block(C, x, dW=dW)")
-        self.weight, self.dense, self.saved = weight, dense, None
-
-    def __enter__(self):
-        if self.saved is not None:
-            raise RuntimeError("this patched_weights block can be entered only "
-                               "once at a time; make a new one for each use")
-        self.saved = self.weight.detach().clone()
-        with torch.no_grad(): self.weight.add_(self.dense)
-        return self.weight
-
-    def __exit__(self, *exc):
-        with torch.no_grad(): self.weight.copy_(self.saved)
-        self.saved = None
+        super().__init__([(weight, dense)])
+        self.weight, self.dense = weight, dense
 
 # %% ../nbs/02_token_patch.ipynb #9d4c0538
 def chunk_kinds(n: int, g: torch.Generator) -> dict:

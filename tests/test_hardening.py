@@ -118,8 +118,14 @@ BAD = {
         lambda: block()(C[:1], X[:1], dW=rand(3, 16, 8)), ValueError, 'batch'),
     'inplace with a shared MLP': (inplace_shared, ValueError, 'share'),
     'apply to another query': (
-        lambda: patch_of(stack(), C, X[:, None]).apply(stack(), X[:, None] + 1),
-        ValueError, 'query'),
+        lambda: (lambda s: patch_of(s, C, X[:, None]).apply(s, X[:, None] + 1))(
+            stack()), ValueError, 'another query'),
+    'apply to another model of the same shape': (
+        lambda: patch_of(stack(), C, X[:, None]).apply(stack(), X[:, None]),
+        ValueError, 'another PreLNStack'),
+    'inplace into another model of the same shape': (
+        lambda: patch_of(lm(), tokens(1, 6), tokens(1, 1)).inplace(lm()),
+        ValueError, 'another TinyLM'),
     'fit_linear_patch integers': (
         lambda: thought.fit_linear_patch(torch.ones(4, 2, dtype=torch.long),
                                          torch.ones(4, 3, dtype=torch.long)),
