@@ -53,6 +53,15 @@ def _bench(a: argparse.Namespace) -> dict:
     raise ValueError(f"unknown benchmark {a.what!r}")
 
 # %% ../nbs/12_cli.ipynb #731d5fde
+def _seed(s: str) -> int:
+    "argparse type of --seed: an integer torch accepts (seed + 1 seeds inputs)."
+    try: v = int(s)
+    except ValueError: raise argparse.ArgumentTypeError(f"not an integer: {s!r}")
+    if not 0 <= v <= 2 ** 63 - 2:
+        raise argparse.ArgumentTypeError(
+            f"seed must be an integer in 0..{2 ** 63 - 2}, got {v}")
+    return v
+
 def _add_verify(sub) -> None:
     v = sub.add_parser('verify', help='check end-to-end patches on a random Pre-LN stack')
     v.add_argument('--layers', type=int, default=10, help='number of Pre-LN blocks')
@@ -66,7 +75,7 @@ def _add_verify(sub) -> None:
     v.add_argument('--d-model', type=int, default=64)
     v.add_argument('--heads', type=int, default=4)
     v.add_argument('--d-mlp', type=int, default=256)
-    v.add_argument('--seed', type=int, default=0)
+    v.add_argument('--seed', type=_seed, default=0)
     v.set_defaults(run=_verify)
 
 # %% ../nbs/12_cli.ipynb #36e7f023
@@ -81,7 +90,7 @@ def _add_bench(sub) -> None:
     b.add_argument('--d-model', type=int, default=64)
     b.add_argument('--repeats', type=int, default=3,
                    help='trajectory: timed calls per side (median after a warm-up)')
-    b.add_argument('--seed', type=int, default=0)
+    b.add_argument('--seed', type=_seed, default=0)
     b.set_defaults(run=_bench)
 
 def _add_reproduce(sub) -> None:
@@ -102,14 +111,24 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 # %% ../nbs/12_cli.ipynb #70259b83
+_FORESEEN = (ValueError, TypeError, RuntimeError, MemoryError, OverflowError,
+             OSError, KeyError, IndexError, NotImplementedError)
+
+def _one_line(e: BaseException) -> str:
+    "The exception as one line: its type if it has no message, else its first line."
+    msg = str(e).strip().splitlines()
+    if isinstance(e, MemoryError) and not msg: msg = ['out of memory']
+    head = msg[0] if msg else type(e).__name__
+    return head if len(msg) <= 1 else head + ' [...]'
+
 def main(argv=None) -> dict:
     "Parse `argv`, run the sub-command, print a summary and one JSON line."
     a = parser().parse_args(argv)
     t0 = time.perf_counter()
     try:
         res = a.run(a)
-    except (ValueError, TypeError) as e:
-        print(f"error: {e}", file=sys.stderr)
+    except _FORESEEN as e:             # never a traceback: one clear line
+        print(f"error: {_one_line(e)}", file=sys.stderr)
         raise SystemExit(2)
     res = {'command': a.command, **res, 'seconds': round(time.perf_counter() - t0, 3)}
     summary = ', '.join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}"

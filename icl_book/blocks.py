@@ -10,7 +10,8 @@ from typing import NamedTuple, Optional
 import torch
 from torch import nn
 import torch.nn.functional as F
-from .core import (check_finite, check_int, check_not_held, check_same,
+from .core import (check_finite, check_flag, check_int, check_not_held,
+                           check_same,
                            resolve_dtype, seed_everything)
 
 # %% auto #0
@@ -26,6 +27,9 @@ def as_seq(x: torch.Tensor, name: str) -> torch.Tensor:
         raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
     if x.dim() != 3:
         raise ValueError(f"{name} must have shape (B, T, d), got {tuple(x.shape)}")
+    if x.shape[0] == 0:
+        raise ValueError(f"{name} has batch size 0 (shape {tuple(x.shape)}): "
+                         "there is nothing to run")
     return x
 
 # %% ../nbs/01_contextual_blocks.ipynb #f7ae0e13
@@ -43,7 +47,7 @@ class ContextualLayer(nn.Module):
         x = as_seq(x[:, None] if single else x, 'x')
         if C is None: C = x.new_zeros(x.shape[0], 0, x.shape[2])
         C = as_seq(C, 'C')
-        check_same(C=C, x=x)
+        check_same(C=C, x=x); check_finite(C=C, x=x)
         if C.shape[0] != x.shape[0] or C.shape[2] != x.shape[2]:
             raise ValueError(f"C {tuple(C.shape)} and x {tuple(x.shape)} must "
                              "agree in batch size (dim 0) and width (dim 2)")
@@ -180,6 +184,8 @@ LAYER_KINDS = ATTENTION_KINDS + ('elman', 'gru', 'lstm')
 def make_layer(kind: str, d: int, heads: int = 1,
                causal: bool = True) -> ContextualLayer:
     "A contextual layer of width `d`: one of `LAYER_KINDS`."
+    check_int('d (the width)', d); check_int('heads', heads)
+    check_flag('causal', causal)
     if kind == 'softmax': return SoftmaxAttention(d, heads, causal)
     if kind == 'linear': return LinearAttention(d, heads, causal)
     if kind in RecurrentLayer.cells:
@@ -357,6 +363,9 @@ class ContextualBlock(nn.Module):
 
     def forward(self, C, x, dW=None) -> torch.Tensor:
         "T_{W+ΔW}(C, x); `dW` is None, a `RankOne` or dense (..., H, d)."
+        parts = tuple(dW) if isinstance(dW, RankOne) else (dW,)
+        check_finite(**{f'dW[{i}]': t for i, t in enumerate(parts)
+                        if isinstance(t, torch.Tensor)})
         return self.mlp(self.layer(C, x), dW)
 
 # %% ../nbs/01_contextual_blocks.ipynb #61d1eb1f
@@ -404,6 +413,14 @@ class StackConfig:
     d_out: Optional[int] = None  # outputs; None = no read-out layer
     seed: int = 0            # initialisation seed
     dtype: str = 'float32'   # 'float32' or 'float64'
+
+    def __post_init__(self):
+        for k in ('depth', 'd_model', 'heads', 'd_mlp'):
+            check_int(k, getattr(self, k))
+        for k in ('d_in', 'd_out'):
+            if getattr(self, k) is not None: check_int(k, getattr(self, k))
+        check_int('seed', self.seed, 0, 2**63 - 1); resolve_dtype(self.dtype)
+        check_flag('causal', self.causal)
 
 # %% ../nbs/01_contextual_blocks.ipynb #6bf493c8
 class PreLNStack(nn.Module):

@@ -5,7 +5,7 @@
 # %% ../nbs/10_bridges.ipynb #33f283e7
 from __future__ import annotations
 import torch
-from .core import check_int, check_same
+from .core import check_finite, check_int, check_same
 from .tasks import query_tokens, sample_prompts
 from .train import CHECKPOINTS, load_model
 from .trajectories import stack_trajectory, trajectory_summaries
@@ -16,6 +16,24 @@ from .thought import (fit_stack_thought_patch, stack_patch_error,
 __all__ = ['rome_edit', 'memit_edit', 'steering_comparison', 'monitor_increments', 'plot_monitor']
 
 # %% ../nbs/10_bridges.ipynb #4f6cc960
+def _spd_solve(S: torch.Tensor, B, name: str, semi: bool = False):
+    "S⁻¹ B for a symmetric positive definite S (or check S >= 0 if semi)."
+    if not torch.allclose(S, S.T, rtol=1e-10, atol=0):
+        raise ValueError(f"{name} must be symmetric (a covariance)")
+    if semi:
+        lo = torch.linalg.eigvalsh(S).min().item()
+        tol = -1e-12 * max(1.0, S.abs().max().item())
+        if lo < tol:
+            raise ValueError(f"{name} has a negative eigenvalue {lo:.3g}: a "
+                             "covariance is positive semi-definite")
+        return None
+    L, info = torch.linalg.cholesky_ex(S)
+    if info.item() != 0:
+        raise ValueError(f"{name} is not positive definite (singular or "
+                         "indefinite), so the edit's linear system has no "
+                         "unique solution: add a ridge term or more keys")
+    return torch.cholesky_solve(B, L)
+
 def rome_edit(W: torch.Tensor, k: torch.Tensor, o: torch.Tensor,
               cov=None) -> torch.Tensor:
     "ROME's rank-one edit P with (W + P) k = o, least tr(P Σ Pᵀ); W (H, d), k (d,), o (H,)."
@@ -26,7 +44,8 @@ def rome_edit(W: torch.Tensor, k: torch.Tensor, o: torch.Tensor,
     if cov is not None and cov.shape != (k.shape[0],) * 2:
         raise ValueError(f"the key covariance cov must be (d, d) = "
                          f"{(k.shape[0],) * 2}, got {tuple(cov.shape)}")
-    Sk = k if cov is None else torch.linalg.solve(cov, k)     # Σ⁻¹ k
+    check_finite(W=W, k=k, o=o, cov=cov)
+    Sk = k if cov is None else _spd_solve(cov, k[:, None], 'cov')[:, 0]  # Σ⁻¹ k
     kSk = k @ Sk
     if not kSk > torch.finfo(k.dtype).tiny:
         raise ValueError(f"kᵀ Σ⁻¹ k = {kSk.item():.3g}: the key k is zero (or "
@@ -43,7 +62,10 @@ def memit_edit(Phi: torch.Tensor, R: torch.Tensor, Lambda0: torch.Tensor) -> tor
                          f"preservation covariance Lambda0 (d, d) (MEMIT's C0); "
                          f"got {tuple(Phi.shape)}, {tuple(R.shape)}, "
                          f"{tuple(Lambda0.shape)}")
-    return torch.linalg.solve(Lambda0 + Phi @ Phi.T, Phi @ R.T).T  # symmetric
+    check_finite(Phi=Phi, R=R, Lambda0=Lambda0)
+    _spd_solve(Lambda0, None, 'Lambda0', semi=True)          # a covariance
+    return _spd_solve(Lambda0 + Phi @ Phi.T, Phi @ R.T,
+                      'Lambda0 + Phi Phiᵀ').T           # symmetric
 
 # %% ../nbs/10_bridges.ipynb #b5542b97
 def steering_comparison(model: str = 'attn10', n: int = 40, K: int = 256,

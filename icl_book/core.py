@@ -4,13 +4,15 @@
 
 # %% ../nbs/00_core.ipynb #b97b7cba
 from __future__ import annotations
-import math, random, signal, threading
+import math, os, random, signal, threading
 import numpy as np
 import torch
 
 # %% auto #0
 __all__ = ['DTYPES', 'TOLERANCE', 'check_int', 'seed_everything', 'resolve_dtype', 'rel_err', 'check_same', 'check_finite',
-           'held_by', 'check_not_held', 'InPlace', 'set_style', 'glue_figure', 'table_style']
+           'check_float', 'check_flag', 'check_real_tensor', 'held_by', 'check_not_held', 'InPlace', 'set_style',
+           'glue_figure', 'table_style', 'fmt_count', 'fmt_ratio', 'fmt_time', 'fmt_bytes', 'available_memory',
+           'check_memory']
 
 # %% ../nbs/00_core.ipynb #8f510863
 def check_int(name: str, value, low: int = 1, high=None) -> int:
@@ -43,8 +45,23 @@ def resolve_dtype(dtype) -> torch.dtype:
                      "are checked in these two precisions only")
 
 # %% ../nbs/00_core.ipynb #e7e9d522
+def _pow2(s: torch.Tensor) -> torch.Tensor:
+    "The power of two of each positive finite s (1 elsewhere): exact to divide by."
+    p = torch.ldexp(torch.ones_like(s), torch.frexp(s).exponent)
+    return torch.where((s > 0) & torch.isfinite(s), p, torch.ones_like(s))
+
+def _norm(t: torch.Tensor) -> torch.Tensor:
+    "||t|| over the last dim, scaled first so squares neither overflow nor underflow."
+    s = _pow2(t.abs().amax(-1, keepdim=True))
+    return (t / s).norm(dim=-1) * s[..., 0]
+
 def rel_err(actual: torch.Tensor, expected: torch.Tensor) -> float:
     "Max over leading dims of ||actual - expected|| / ||expected|| (last dim)."
+    for k, t in (('actual', actual), ('expected', expected)):
+        if not isinstance(t, torch.Tensor) or t.dtype == torch.bool:
+            raise TypeError(f"rel_err compares number tensors; {k} is "
+                            f"{type(t).__name__} {getattr(t, 'dtype', '')}"
+                            ": convert it with torch.as_tensor(..).double()")
     if actual.shape != expected.shape:
         raise ValueError(f"shapes differ: actual {tuple(actual.shape)} vs "
                          f"expected {tuple(expected.shape)}")
@@ -54,9 +71,12 @@ def rel_err(actual: torch.Tensor, expected: torch.Tensor) -> float:
     if actual.numel() == 0:
         raise ValueError(f"nothing to compare: the tensors are empty, shape "
                          f"{tuple(actual.shape)} (batch or length 0)")
-    num = (actual - expected).double().norm(dim=-1)
-    den = expected.double().norm(dim=-1).clamp_min(torch.finfo(torch.float64).tiny)
-    return (num / den).max().item()
+    a, e = actual.double(), expected.double()
+    s = _pow2(torch.maximum(a.abs().amax(-1, keepdim=True),
+                            e.abs().amax(-1, keepdim=True)))
+    num, den = _norm(a / s - e / s), _norm(e / s)      # exact rescaling
+    zero = torch.where(num == 0, 0., math.inf)          # 0/0 = 0, x/0 = inf
+    return torch.where(den > 0, num / den.where(den > 0, 1.), zero).max().item()
 
 # %% ../nbs/00_core.ipynb #baf8233e
 def check_same(**tensors: torch.Tensor) -> None:
@@ -65,6 +85,10 @@ def check_same(**tensors: torch.Tensor) -> None:
     for k, v in items:
         if not isinstance(v, torch.Tensor):
             raise TypeError(f"{k} must be a torch.Tensor, got {type(v).__name__}")
+        if v.is_complex():
+            raise TypeError(f"{k} is complex ({v.dtype}); the book's identities "
+                            "are over the reals (a complex patch would need "
+                            "conjugates): pass real tensors")
         if v.is_meta:
             raise ValueError(f"{k} is on the meta device and holds no numbers; "
                              "materialise it first (e.g. model.to_empty(...)"
@@ -82,6 +106,39 @@ def check_finite(**tensors: torch.Tensor) -> None:
         if v is not None and not bool(torch.isfinite(v).all()):
             raise ValueError(f"{k} is not finite (it holds NaN or inf): check "
                              "the inputs and the weights they came from")
+
+# %% ../nbs/00_core.ipynb #c0chk02
+def check_float(name: str, value, low=None, high=None,
+                strict: bool = False) -> float:
+    "Return `value` as a float if finite and in range (> low if strict); else ValueError."
+    num = (isinstance(value, (int, float, np.integer, np.floating))
+           and not isinstance(value, (bool, np.bool_)))
+    ok = num and math.isfinite(value)
+    if ok and low is not None: ok = value > low if strict else value >= low
+    if ok and high is not None: ok = value <= high
+    if not ok:
+        rng = ('' if low is None else f" {'>' if strict else '>='} {low}") + (
+            '' if high is None else f" and <= {high}")
+        raise ValueError(f"{name} must be a finite real number{rng}, "
+                         f"got {value!r}")
+    return float(value)
+
+def check_flag(name: str, value) -> bool:
+    "Return `value` if it is True or False; else a clear TypeError."
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name} must be True or False, got {value!r}")
+    return bool(value)
+
+def check_real_tensor(name: str, value, dims=None) -> torch.Tensor:
+    "Return `value` if it is a real floating tensor (with `dims` dims); else an error."
+    if not isinstance(value, torch.Tensor) or not value.is_floating_point():
+        what = getattr(value, 'dtype', type(value).__name__)
+        raise TypeError(f"{name} must be a real floating-point torch.Tensor, "
+                        f"got {what}")
+    if dims is not None and value.dim() not in np.atleast_1d(dims):
+        raise ValueError(f"{name} must have {dims} dimensions, got shape "
+                         f"{tuple(value.shape)}")
+    return value
 
 # %% ../nbs/00_core.ipynb #c0inpl02
 _HELD, _LOCK = {}, threading.RLock()   # id(tensor or model) -> its InPlace
@@ -200,3 +257,52 @@ def table_style(df, fmt='{:.2e}'):
     return (df.style.format(fmt)
             .set_table_styles([{'selector': 'th, td',
                                 'props': 'padding: 0.2em 0.8em; text-align: right;'}]))
+
+# %% ../nbs/00_core.ipynb #c0fmt02
+def fmt_count(n, noun: str, plural=None) -> str:
+    "'1 thread', '2 threads'; n may be a list of counts ('1/2 threads')."
+    ns = sorted(set(n)) if isinstance(n, (list, tuple, set)) else [n]
+    many = len(ns) > 1 or ns[0] != 1
+    word = (plural or noun + 's') if many else noun
+    return f"{'/'.join(f'{int(k):,}' for k in ns)} {word}"
+
+def _sig(x: float) -> str:
+    return f"{x:.0f}" if x >= 10 else f"{x:.2g}" if x >= 1.1 else f"{x:.2f}"
+
+def fmt_ratio(x: float, more: str = 'faster', less: str = 'slower') -> str:
+    "'31 times faster', '1.3 times faster', 'as fast (within 5%)', '2 times slower'."
+    if not (isinstance(x, (int, float)) and math.isfinite(x) and x > 0):
+        raise ValueError(f"a ratio must be a finite number > 0, got {x!r}")
+    if x >= 1.05: return f"{_sig(x)} times {more}"
+    if x <= 1 / 1.05: return f"{_sig(1 / x)} times {less}"
+    return f"as {more.removesuffix('er')} (within 5%)"
+
+def fmt_time(seconds: float) -> str:
+    "'40 seconds', '1 minute', '3 minutes', '1.5 hours' (whole units below 10)."
+    for unit, s in (('hour', 3600), ('minute', 60), ('second', 1)):
+        if seconds >= s or unit == 'second':
+            v = seconds / s
+            txt = f"{v:.0f}" if v >= 10 or abs(v - round(v)) < 0.05 else f"{v:.1f}"
+            return f"{txt} {unit}" + ('' if txt == '1' else 's')
+
+def fmt_bytes(n: float) -> str:
+    "'350 MB', '2.1 GB' (decimal units)."
+    return f"{n / 1e9:.1f} GB" if n >= 1e9 else f"{n / 1e6:.0f} MB"
+
+# %% ../nbs/00_core.ipynb #c0mem02
+def available_memory() -> int:
+    "Bytes of memory available now (Linux MemAvailable; else physical memory)."
+    try:
+        with open('/proc/meminfo') as f:
+            for line in f:
+                if line.startswith('MemAvailable:'): return int(line.split()[1]) * 1024
+    except OSError: pass
+    return os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES')
+
+def check_memory(what: str, nbytes: float) -> None:
+    "Refuse (MemoryError) a computation estimated to need more memory than is available."
+    avail = available_memory()
+    if nbytes > avail:
+        raise MemoryError(f"{what} needs about {fmt_bytes(nbytes)} of memory, "
+                          f"but {fmt_bytes(avail)} are available: choose "
+                          "smaller sizes")

@@ -10,7 +10,7 @@ from typing import NamedTuple, Optional
 import torch
 from torch import nn
 from .core import (TOLERANCE, InPlace, check_int, check_not_held,
-                           check_same, held_by, rel_err,
+                           check_memory, check_same, held_by, rel_err,
                            resolve_dtype, seed_everything)
 from .blocks import (MLP, PreLNBlock, PreLNStack, RankOne, StackConfig,
                              broadcasts_to)
@@ -100,6 +100,10 @@ class LMConfig(StackConfig):
     "A `StackConfig` plus a vocabulary and learned absolute positions."
     vocab: int = 32              # token ids 0..vocab-1
     n_pos: Optional[int] = 64    # learned positions; None = no positions
+
+    def __post_init__(self):
+        super().__post_init__(); check_int('vocab', self.vocab)
+        if self.n_pos is not None: check_int('n_pos', self.n_pos)
 
 # %% ../nbs/03_deep.ipynb #b1dda902
 def _check_tokens(tokens, vocab: int) -> None:
@@ -363,6 +367,12 @@ def greedy_patched(model: TinyLM, C: torch.Tensor, x: torch.Tensor, k: int,
     return (out, torch.stack(logits, 1)) if return_logits else out
 
 # %% ../nbs/03_deep.ipynb #f0058956
+def _verify_bytes(s, L, T, q, B, d, H) -> float:
+    "Estimated peak bytes of `verify`: weights, kept activations, score chunk."
+    weights = L * (4 * d * d + 2 * d * H + 6 * d + H)
+    kept = B * T * (d * (L + 8) + 2 * H) + B * q * L * (4 * d + H)
+    return s * (weights + kept) + 8 * 2 ** 22 * 2
+
 VERIFY_DEFAULTS = dict(d_model=64, heads=4, d_mlp=256, causal=True,
                        mode='bias', batch=1, closed_loop=True)
 
@@ -382,6 +392,9 @@ def verify(layers: int = 10, context: int = 256, query: int = 1,
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             raise ValueError(f"{k} must be a positive integer, got {v!r}")
     check_int('seed', seed, 0, 2**63 - 2)        # seed + 1 seeds the inputs
+    check_memory('verify with these sizes', _verify_bytes(
+        dt.itemsize, layers, context + query, query, opts['batch'],
+        opts['d_model'], opts['d_mlp']))
     t0 = time.perf_counter()
     model = PreLNStack(StackConfig(
         depth=layers, d_model=opts['d_model'], heads=opts['heads'],

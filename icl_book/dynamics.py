@@ -7,7 +7,8 @@ from __future__ import annotations
 import math
 from typing import NamedTuple
 import torch
-from .core import check_int
+from .core import (check_finite, check_float, check_int,
+                           check_real_tensor, check_same)
 from .blocks import LinearAttention, RankOne
 from .patch import token_patch_factors
 
@@ -22,12 +23,17 @@ def _as_trajectory(A, name: str) -> torch.Tensor:
         got = getattr(A, 'shape', type(A).__name__)
         raise ValueError(f"{name} must be the outputs A_0..A_n (..., n+1, d) "
                          f"with n >= 1, got {got}")
+    check_same(**{name: A}); check_finite(**{name: A})
     return A
 
 def _inv_sq_norm(a: torch.Tensor, what: str) -> torch.Tensor:
     "1/||a||² over the last dim, refusing a zero reference vector."
-    n2 = (a * a).sum(-1)
-    if not (n2 > torch.finfo(a.dtype).tiny).all():
+    n2, fi = (a * a).sum(-1), torch.finfo(a.dtype)
+    if not (n2 < fi.max).all() or not (1 / n2 >= fi.tiny).all():
+        raise ValueError(f"{what} is too large for {a.dtype}: ||{what}||^2 "
+                         "overflows (or 1/||.||^2 underflows), so the step "
+                         "size cannot be represented. Rescale the inputs.")
+    if not (n2 > fi.tiny).all():
         raise ValueError(f"{what} has zero norm for some query: the step "
                          f"size 1/||{what}||^2 (and the token-patch) does "
                          "not exist there. Use another query or context.")
@@ -104,6 +110,7 @@ def gd_linear_attention(w0: torch.Tensor, eta: float,
     if w0.dim() != 1:
         raise ValueError(f"w0 must be a vector (d,), got {tuple(w0.shape)}")
     check_int('n (the number of examples the step averages over)', n)
+    check_float('eta (the step size)', eta); check_finite(w0=w0)
     d = w0.shape[0]; D = d + 1; dt = w0.dtype
     layer = LinearAttention(D, heads=1).to(dt)
     QK = torch.zeros(D, D, dtype=dt); QK[:d, :d] = torch.eye(d)
@@ -117,5 +124,11 @@ def gd_linear_attention(w0: torch.Tensor, eta: float,
 
 def regression_tokens(X: torch.Tensor, y: torch.Tensor, x_q: torch.Tensor):
     "Context (B, n, d+1) of tokens (x_j, y_j) and query (B, d+1) = (x_q, 0)."
+    X, y = check_real_tensor('X', X, 3), check_real_tensor('y', y, 2)
+    x_q = check_real_tensor('x_q', x_q, 2)
+    if y.shape != X.shape[:2] or x_q.shape != (X.shape[0], X.shape[2]):
+        raise ValueError(f"X (B, n, d), y (B, n) and x_q (B, d) must agree; "
+                         f"got {tuple(X.shape)}, {tuple(y.shape)}, "
+                         f"{tuple(x_q.shape)}")
     C = torch.cat([X, y[..., None]], -1)
     return C, torch.cat([x_q, x_q.new_zeros(*x_q.shape[:-1], 1)], -1)

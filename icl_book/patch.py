@@ -27,11 +27,18 @@ def _check_patch_inputs(W, a_full, a_ref, min_norm=None):
         raise ValueError(f"W is (H, d) = {tuple(W.shape)}, so a_full and a_ref "
                          f"must be (..., {W.shape[1]}); got {tuple(a_ref.shape)}")
     check_finite(W=W, a_full=a_full, a_ref=a_ref)
-    if min_norm is not None and not (isinstance(min_norm, (int, float))
-                                     and math.isfinite(min_norm) and min_norm >= 0):
+    if min_norm is not None and (isinstance(min_norm, bool) or not (
+            isinstance(min_norm, (int, float)) and math.isfinite(min_norm)
+            and min_norm >= 0)):
         raise ValueError(f"min_norm must be a finite number >= 0 (or None for "
                          f"the dtype's own threshold), got {min_norm!r}")
     fi = torch.finfo(a_ref.dtype); n = a_ref.norm(dim=-1)
+    if not bool(torch.isfinite(n * n).all()):
+        raise ValueError(
+            f"the reference vector a = A(C\\Y, x) is too large for "
+            f"{a_ref.dtype}: ||a||^2 overflows (largest ||a|| "
+            f"{n.max().item():.3g}), and the patch divides by it. Rescale the "
+            "inputs or use float64.")
     tol = (torch.full_like(n, min_norm) if min_norm is not None else
            torch.clamp(fi.eps * a_full.norm(dim=-1), min=fi.tiny ** 0.5))
     bad = ~(n > tol)
@@ -63,9 +70,16 @@ def chunk_mask(Y, n: int, device=None) -> torch.Tensor:
     if Y is None:
         raise ValueError("the chunk Y is None: give positions of C (a list, "
                          "range, set or integer tensor) or a boolean mask")
+    if isinstance(Y, (str, bytes, int, float)):
+        raise TypeError(f"the chunk Y must be a collection of positions (or "
+                        f"a boolean mask), got {type(Y).__name__} {Y!r}; for "
+                        "one position write [i]")
     if isinstance(Y, (set, frozenset)): Y = sorted(Y)
     elif not isinstance(Y, (torch.Tensor, list, tuple)): Y = list(Y)
-    Y = torch.as_tensor(Y, device=device)
+    try: Y = torch.as_tensor(Y, device=device)
+    except (TypeError, ValueError, RuntimeError, OverflowError) as e:
+        raise ValueError(f"the chunk Y must hold integer positions of C "
+                         f"(0..{n - 1}) or booleans; could not read it: {e}")
     if Y.numel() == 0: return torch.zeros(n, dtype=torch.bool, device=device)
     if Y.dtype == torch.bool:
         if Y.shape != (n,):
@@ -87,12 +101,20 @@ def chunk_mask(Y, n: int, device=None) -> torch.Tensor:
 
 def remove_chunk(C: torch.Tensor, Y) -> torch.Tensor:
     "C \\ Y: the context (B, n, d) without the chunk's positions."
+    if not isinstance(C, torch.Tensor) or C.dim() != 3:
+        raise ValueError(f"C must be a context (B, n, d), got shape "
+                         f"{tuple(getattr(C, 'shape', ()))}: for one sequence "
+                         "use C[None] (a batch of one)")
     return C[:, ~chunk_mask(Y, C.shape[1], C.device)]
 
 # %% ../nbs/02_token_patch.ipynb #f7d88b9d
 def chunk_patch(block: ContextualBlock, C: torch.Tensor, x: torch.Tensor,
                 Y=None, min_norm=None) -> RankOne:
     "Factors of ΔW(Y) for `block`, context C (B, n, d), query x; Y=None means Y = C."
+    if not isinstance(block, ContextualBlock):
+        raise TypeError(f"chunk_patch takes a ContextualBlock, got "
+                        f"{type(block).__name__}; for a PreLNStack or TinyLM "
+                        "use icl_book.deep.context_patches")
     n = C.shape[1] if isinstance(C, torch.Tensor) and C.dim() == 3 else None
     if n is None:
         raise ValueError("C must be a context tensor (B, n, d); for no context "

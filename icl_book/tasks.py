@@ -8,7 +8,7 @@ import math
 from dataclasses import dataclass
 from typing import NamedTuple, Optional
 import torch
-from .core import check_int
+from .core import check_float, check_int, check_real_tensor
 
 # %% auto #0
 __all__ = ['TaskConfig', 'Prompts', 'sample_prompts', 'with_context', 'query_tokens', 'ridge', 'ols', 'baseline_predict',
@@ -23,6 +23,13 @@ class TaskConfig:
     n_query: int = 16                # query positions per prompt
     noise: float = 0.1               # std σ of the label noise ε
     sparsity: Optional[int] = None   # non-zeros of w; None = dense w
+
+    def __post_init__(self):
+        check_int('d', self.d); check_int('n_ctx', self.n_ctx, 0)
+        check_int('n_query', self.n_query)
+        check_float('noise (the label noise std)', self.noise, low=0)
+        if self.sparsity is not None:
+            check_int('sparsity', self.sparsity, 1, self.d)
 
 # %% ../nbs/05_regression.ipynb #95308dee
 class Prompts(NamedTuple):
@@ -81,7 +88,12 @@ def query_tokens(K: int, d: int, g: torch.Generator) -> torch.Tensor:
 # %% ../nbs/05_regression.ipynb #97adfd6e
 def ridge(X: torch.Tensor, y: torch.Tensor, lam: float = 0.) -> torch.Tensor:
     "Ridge estimate of w (B, d) from X (B, n, d), y (B, n); lam=0 is OLS."
+    X, y = check_real_tensor('X', X, 3), check_real_tensor('y', y, 2)
+    lam = check_float('lam (the ridge penalty)', lam, low=0)
     B, n, d = X.shape
+    if y.shape != (B, n):
+        raise ValueError(f"y must be (B, n) = {(B, n)} like X {tuple(X.shape)}"
+                         f", got {tuple(y.shape)}")
     if n == 0: return X.new_zeros(B, d)
     Xd, yd = X.double(), y.double()[..., None]         # (B, n, d), (B, n, 1)
     if lam == 0:                                       # min-norm least squares
@@ -143,6 +155,7 @@ def plot_baselines(curves: dict, cfg: TaskConfig):
 # %% ../nbs/05_regression.ipynb #80b01205
 def query_mask(n: int, q: int) -> torch.Tensor:
     "Attention mask (n+q, n+q): causal context; each query sees C and itself."
+    n, q = check_int('n (context length)', n, 0), check_int('q (queries)', q)
     m = torch.ones(n + q, n + q, dtype=torch.bool).tril()
     m[n:, n:] = torch.eye(q, dtype=torch.bool)
     return m

@@ -8,7 +8,7 @@ import math
 from dataclasses import dataclass
 from typing import List, NamedTuple, Optional
 import torch
-from .core import check_int, check_same
+from .core import check_finite, check_float, check_int, check_same
 from .blocks import ContextualBlock, PreLNStack
 from .patch import token_patch_factors
 
@@ -29,8 +29,8 @@ def fit_linear_patch(A: torch.Tensor, V: torch.Tensor, lam: float = 0.0,
     if A.dim() != 2 or V.dim() != 2 or A.shape[0] != V.shape[0] or A.shape[0] == 0:
         raise ValueError(f"A must be (K, d) and V (K, H) with the same K >= 1; "
                          f"got {tuple(A.shape)} and {tuple(V.shape)}")
-    if not (isinstance(lam, (int, float)) and math.isfinite(lam) and lam >= 0):
-        raise ValueError(f"the ridge parameter lam must be >= 0 and finite, got {lam}")
+    check_finite(A=A, V=V); check_float('lam (the ridge parameter)', lam, low=0)
+    check_float('rcond', rcond, low=0)
     if rank is not None: check_int('rank', rank)
     A64, V64 = A.double(), V.double()
     a_bar, v_bar = (A64.mean(0), V64.mean(0)) if bias else (0., 0.)

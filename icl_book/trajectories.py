@@ -4,11 +4,11 @@
 
 # %% ../nbs/04a_trajectories.ipynb #7e15d8c3
 from __future__ import annotations
-import statistics, time
+import math, statistics, time
 from dataclasses import replace
 from typing import Optional
 import torch
-from .core import check_int, check_same, rel_err
+from .core import check_int, check_memory, check_same, rel_err
 from .blocks import (
     Attention, ContextualBlock, ContextualLayer,
     PreLNStack, RankOne, RecurrentLayer, StackConfig, as_seq)
@@ -174,9 +174,10 @@ def stack_trajectory_naive(stack: PreLNStack, C: torch.Tensor, x: torch.Tensor,
 
 # %% ../nbs/04a_trajectories.ipynb #d616472e
 def patch_rel_diff(P: RankOne, Q: RankOne) -> torch.Tensor:
-    "||u vᵀ - u' v'ᵀ||_F / ||u' v'ᵀ||_F from the factors, per index."
-    den = Q.norm()
-    return P.diff_norm(Q) / den.clamp_min(torch.finfo(den.dtype).tiny)
+    "||u vᵀ - u' v'ᵀ||_F / ||u' v'ᵀ||_F per index (0 if both are 0, inf if only Q)."
+    num, den = P.diff_norm(Q), Q.norm()
+    zero = torch.where(num == 0, 0., math.inf).to(num.dtype)
+    return torch.where(den > 0, num / den.where(den > 0, 1.), zero)
 
 def trajectory_rel_diff(fast: list, slow: list, prefixes=None) -> float:
     "Largest relative gap of all-prefix `fast` and `slow` at `prefixes`."
@@ -221,15 +222,18 @@ def trajectory_summaries(dW: RankOne, db: Optional[torch.Tensor] = None):
 
 # %% ../nbs/04a_trajectories.ipynb #c453bf1c
 class TrajectoryStats:
-    "Running sums over tasks of `trajectory_summaries`, one row per layer."
-    def __init__(self): self._acc = {}
+    "Running means and spreads over tasks of `trajectory_summaries`, per layer."
+    def __init__(self): self._acc = {}  # [mean, sum sq. deviations, count]
 
     def update(self, layer: int, dW: RankOne, db=None) -> None:
-        "Add one chunk of tasks' trajectories of one layer."
+        "Add one chunk of tasks' trajectories of one layer (merged, not summed)."
         for k, val in trajectory_summaries(dW, db).items():
+            nb, mb = val.shape[0], val.mean(0)
+            m2b = ((val - mb) ** 2).sum(0)            # deviations, not squares
             a = self._acc.setdefault(k, {}).setdefault(layer, [0., 0., 0])
-            a[0] = a[0] + val.sum(0); a[1] = a[1] + (val ** 2).sum(0)
-            a[2] += val.shape[0]
+            n = a[2] + nb; delta = mb - a[0]
+            a[0] = a[0] + delta * (nb / n)
+            a[1] = a[1] + m2b + delta ** 2 * (a[2] * nb / n); a[2] = n
 
     @property
     def names(self) -> list: return list(self._acc)
@@ -237,19 +241,18 @@ class TrajectoryStats:
     def mean(self, name: str) -> torch.Tensor:
         "Mean over tasks, (layers, positions)."
         rows = sorted(self._acc[name].items())
-        return torch.stack([s / c for _, (s, _, c) in rows])
+        return torch.stack([m for _, (m, _, _) in rows])
 
     def std(self, name: str) -> torch.Tensor:
         "Standard deviation over tasks, (layers, positions)."
         rows = sorted(self._acc[name].items())
-        return torch.stack([(q / c - (s / c) ** 2).clamp_min(0).sqrt()
-                            for _, (s, q, c) in rows])
+        return torch.stack([(q / c).sqrt() for _, (_, q, c) in rows])
 
 # %% ../nbs/04a_trajectories.ipynb #3ea57367
 def trajectory_stats(model, C: torch.Tensor, x: torch.Tensor, chunk: int = 16,
                      mode: str = 'bias') -> TrajectoryStats:
     "Trajectory statistics of a ContextualBlock or PreLNStack, by chunks."
-    stats = TrajectoryStats()
+    chunk = check_int('chunk (tasks per pass)', chunk); stats = TrajectoryStats()
     with torch.no_grad():
         for s in range(0, C.shape[0], chunk):
             Cb, xb = C[s:s + chunk], x[s:s + chunk]
@@ -347,6 +350,10 @@ def bench_trajectory(n: int = 1024, layers: int = 10, d_model: int = 64,
                      check: int = 32, budget: float = 1.0) -> dict:
     "Loop vs one pass for a causal Pre-LN stack: times, speedup, agreement."
     check_int('n', n); check_int('repeats', repeats); check_int('check', check)
+    check_int('seed', seed, 0, 2**63 - 2); L, d, H = layers, d_model, d_mlp
+    check_memory('bench trajectory with these sizes', 8 * (     # float64 side
+        L * (4 * d * d + 2 * d * H) + batch * n * (d * (L + 10) + 2 * H)
+        + L * batch * n * (H + 4 * d)) + 8 * 2 ** 22 * 2)
     t0 = time.perf_counter()
     cfg = StackConfig(depth=layers, d_model=d_model, heads=heads, d_mlp=d_mlp,
                       kind=kind, seed=seed, dtype='float32')

@@ -100,5 +100,5 @@ def test_bad_inputs_are_named():
     blk = make_block("softmax", d=4)
     with pytest.raises(ValueError, match="width 4"):
         blk(None, torch.randn(2, 5).double())
-    with pytest.raises(ValueError, match="depth must be >= 1"):
+    with pytest.raises(ValueError, match="depth must be an integer >= 1"):
         PreLNStack(StackConfig(depth=0))

@@ -72,3 +72,20 @@ def test_reproduce_prints_the_claims_numbers(claim, keys):
     if claim == "thought-patch":
         assert len(res["K"]) == len(res["train_err"]) == len(res["test_err"])
         assert res["K"] == sorted(res["K"]) and res["test_err"][-1] < res["no_patch_err"]
+
+
+@pytest.mark.parametrize("args,msg", [
+    (["verify", "--d-model", "1000000"], "needs about"),
+    (["verify", "--layers", "100000", "--d-model", "512"], "needs about"),
+    (["verify", "--context", str(10**8)], "needs about"),
+    (["verify", "--query", str(10**7)], "needs about"),
+    (["bench", "trajectory", "--n", str(10**8)], "needs about"),
+    (["verify", "--seed", str(2**64)], "seed must be an integer in 0.."),
+    (["bench", "trajectory", "--seed", str(2**64)], "seed must be an integer"),
+    (["verify", "--heads", "3"], "multiple of heads=3"),
+])
+def test_huge_or_bad_sizes_are_one_line_not_a_traceback(args, msg):
+    r, _ = run(*args)
+    err = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and msg in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr and err[-1].count("error") >= 1

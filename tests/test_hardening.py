@@ -288,3 +288,138 @@ def test_attention_at_n_20000_stays_within_2_gb():
     assert r.returncode == 0, r.stderr
     row = json.loads(r.stdout.strip().splitlines()[-1])
     assert row['peak_growth_mb'] < 2048 and row['max_rel_diff'] < 1e-12, row
+
+
+# --- issue 27: invalid and non-finite values where no right answer exists ----
+
+from icl_book import tasks  # noqa: E402
+
+eye = torch.eye(8, dtype=f64)
+BAD27 = {
+    'block(NaN C)': (lambda: block()(nan_at(C), X), ValueError, 'C is not finite'),
+    'block(dW=NaN)': (lambda: block()(C, X, dW=nan_at(rand(2, 16, 8))),
+                      ValueError, r'dW\[0\] is not finite'),
+    'patched_weights(dW=NaN)': (
+        lambda: patch.patched_weights(block().mlp.W, nan_at(rand(16, 8))),
+        ValueError, 'dW is not finite'),
+    'gd_linear_attention(eta=nan)': (
+        lambda: dynamics.gd_linear_attention(rand(3), math.nan, 4),
+        ValueError, 'eta'),
+    'TaskConfig(noise=nan)': (lambda: tasks.TaskConfig(noise=math.nan),
+                              ValueError, 'noise'),
+    'TaskConfig(noise=-1)': (lambda: tasks.TaskConfig(noise=-1), ValueError,
+                             'noise .*>= 0'),
+    'TaskConfig(d=0)': (lambda: tasks.TaskConfig(d=0), ValueError, 'd must'),
+    'ridge(lam=nan)': (lambda: tasks.ridge(rand(2, 6, 3), rand(2, 6), math.nan),
+                       ValueError, 'lam'),
+    'ridge(lam=-1)': (lambda: tasks.ridge(rand(2, 6, 3), rand(2, 6), -1),
+                      ValueError, 'lam'),
+    'ridge(y of the wrong shape)': (
+        lambda: tasks.ridge(rand(2, 6, 3), rand(2, 5)), ValueError, 'y must be'),
+    'query_mask(-1, 2)': (lambda: tasks.query_mask(-1, 2), ValueError,
+                          'n \\(context length\\)'),
+    'regression_tokens(shapes disagree)': (
+        lambda: dynamics.regression_tokens(rand(2, 6, 3), rand(2, 5), rand(2, 3)),
+        ValueError, 'must agree'),
+    'rome_edit(NaN key)': (
+        lambda: bridges.rome_edit(rand(4, 8), nan_at(rand(8)), rand(4)),
+        ValueError, 'k is not finite'),
+    'rome_edit(indefinite cov)': (
+        lambda: bridges.rome_edit(rand(4, 8), torch.ones(8, dtype=f64), rand(4),
+                                  torch.diag(torch.tensor([-1.] + [1.] * 7,
+                                                          dtype=f64))),
+        ValueError, 'not positive definite'),
+    'memit_edit(singular system)': (
+        lambda: bridges.memit_edit(rand(8, 2), rand(4, 2), 0 * eye),
+        ValueError, 'not positive definite'),
+    'memit_edit(NaN residuals)': (
+        lambda: bridges.memit_edit(rand(8, 2), nan_at(rand(4, 2)), eye),
+        ValueError, 'R is not finite'),
+    'memit_edit(indefinite Lambda0)': (
+        lambda: bridges.memit_edit(rand(8, 20), rand(4, 20), -eye),
+        ValueError, 'negative eigenvalue'),
+    'make_block(heads=2.0)': (lambda: blocks.make_block(heads=2.0), ValueError,
+                              'heads must be an integer'),
+    'make_block(causal="no")': (lambda: blocks.make_block(causal='no'),
+                                TypeError, 'causal must be True or False'),
+    'make_block(d=8.0)': (lambda: blocks.make_block(d=8.0), ValueError, 'd '),
+    'StackConfig(depth=2.5)': (lambda: blocks.StackConfig(depth=2.5),
+                               ValueError, 'depth must be an integer'),
+    'block on a batch of 0': (lambda: block()(C[:0], X[:0]), ValueError,
+                              'batch size 0'),
+    'chunk Y="01"': (lambda: patch.chunk_mask('01', 6), TypeError,
+                     'collection of positions'),
+    'chunk Y=3': (lambda: patch.chunk_mask(3, 6), TypeError, r'write \[i\]'),
+    'chunk Y=[10**20]': (lambda: patch.chunk_mask([10**20], 6), ValueError,
+                         'integer positions'),
+    'min_norm=True': (lambda: patch.chunk_patch(block(), C, X, min_norm=True),
+                      ValueError, 'min_norm'),
+    'a PreLNStack where a block is expected': (
+        lambda: patch.chunk_patch(stack(), C, X), TypeError, 'ContextualBlock'),
+    'overflow is not called a zero norm': (
+        lambda: patch.token_patch(rand(4, 8), 1e200 * rand(8), 1e200 * rand(8)),
+        ValueError, 'too large'),
+    'fit_linear_patch(NaN)': (
+        lambda: thought.fit_linear_patch(nan_at(rand(6, 3)), rand(6, 2)),
+        ValueError, 'A is not finite'),
+    'rel_err(lists)': (lambda: core.rel_err([1.], [1.]), TypeError, 'list'),
+    'rel_err(numpy)': (lambda: core.rel_err(C.numpy(), C.numpy()), TypeError,
+                       'ndarray'),
+    'rel_err(bool)': (lambda: core.rel_err(C > 0, C > 0), TypeError, 'bool'),
+    'token_patch(complex)': (
+        lambda: patch.token_patch(rand(4, 8).cdouble(), rand(8).cdouble(),
+                                  rand(8, seed=1).cdouble()),
+        TypeError, 'complex'),
+    'remove_chunk(2-D context)': (lambda: patch.remove_chunk(C[0], [0]),
+                                  ValueError, r'\(B, n, d\)'),
+    'trajectory_stats(chunk=-1)': (
+        lambda: trajectories.trajectory_stats(block(), C, X, chunk=-1),
+        ValueError, 'chunk'),
+    'additive_gd at 1e160': (lambda: dynamics.additive_gd(1e160 * rand(2, 4, 8)),
+                             ValueError, 'too large'),
+}
+
+
+@pytest.mark.parametrize('case', list(BAD27))
+def test_issue27_bad_input_is_a_clear_error(case):
+    fn, exc, words = BAD27[case]
+    with pytest.raises(exc, match=words):
+        fn()
+
+
+# --- issue 27: numbers that were silently wrong -------------------------------
+
+@pytest.mark.parametrize('scale', [1e200, 1e-170, 1.0])
+def test_rel_err_is_exact_at_any_magnitude(scale):
+    y = rand(3, 64); yh = y + 1e-3 * rand(3, 64, seed=5)
+    want = ((yh - y).norm(dim=-1) / y.norm(dim=-1)).max().item()
+    assert core.rel_err(scale * yh, scale * y) == pytest.approx(want, rel=1e-12)
+
+
+def test_rel_err_of_a_zero_reference_is_zero_or_inf():
+    z = torch.zeros(2, 3, dtype=f64)
+    assert core.rel_err(z, z) == 0.0 and core.rel_err(z + 1e-300, z) == math.inf
+
+
+def test_patch_rel_diff_of_a_zero_true_patch_is_zero_or_inf():
+    zero = blocks.RankOne(torch.zeros(2, 4, dtype=f64), rand(2, 3))
+    some = blocks.RankOne(rand(2, 4), rand(2, 3))
+    assert trajectories.patch_rel_diff(zero, zero).tolist() == [0.0, 0.0]
+    assert trajectories.patch_rel_diff(some, zero).tolist() == [math.inf] * 2
+
+
+def test_trajectory_std_does_not_cancel():
+    "Norms 1e8 ± 1 over tasks: the population std is exactly 1."
+    B, n = 8, 5
+    sign = torch.tensor([1., -1.] * (B // 2), dtype=f64)[:, None, None]
+    u = torch.zeros(B, n, 4, dtype=f64); u[..., 0] = 1e8
+    u = u + sign * torch.nn.functional.one_hot(torch.zeros(B, n, dtype=torch.long),
+                                               4).double()
+    v = torch.zeros(B, n, 3, dtype=f64); v[..., 0] = 1.
+    stats = trajectories.TrajectoryStats()
+    for s in (slice(0, 3), slice(3, 8)):              # two unequal chunks
+        stats.update(0, blocks.RankOne(u[s], v[s]))
+    assert torch.allclose(stats.std('norm')[0], torch.ones(n, dtype=f64),
+                          rtol=1e-9, atol=0)
+    assert torch.allclose(stats.mean('norm')[0],
+                          torch.full((n,), 1e8, dtype=f64), rtol=1e-15, atol=0)
