@@ -129,7 +129,6 @@ class TinyLM(nn.Module):
         self.pos = nn.Embedding(cfg.n_pos, cfg.d_model) if cfg.n_pos else None
         self.stack = PreLNStack(replace(cfg, d_out=cfg.vocab))  # LM head
         self.to(resolve_dtype(cfg.dtype))
-
     blocks = property(lambda self: self.stack.blocks)   # the Pre-LN blocks
 
     def embed(self, tokens: torch.Tensor, start: int = 0) -> torch.Tensor:
@@ -149,8 +148,7 @@ class TinyLM(nn.Module):
                 return_hidden: bool = False):
         "Logits (B, T, vocab) at positions start.. (default 0, or the patch's)."
         check_not_held(self, 'this TinyLM')
-        edit = held_by(self)                    # set by DeepPatch.inplace
-        held = None if edit is None else edit.tag
+        held = getattr(held_by(self), 'tag', None)   # DeepPatch.inplace's
         if start is None: start = 0 if held is None else held
         elif held is not None and start != held:
             raise ValueError(
@@ -266,8 +264,7 @@ class DeepPatch:
     mode: str = 'bias'   # 'bias' (ΔW + steering vector) or 'rank1'
     query: Optional[torch.Tensor] = field(default=None, repr=False,
                                           compare=False)  # x it was made for
-    model: Optional[int] = field(default=None, repr=False,
-                                 compare=False)   # _model_key of its model
+    model: Optional[int] = field(default=None, repr=False, compare=False)
 
     def __len__(self) -> int: return len(self.layers)
 
@@ -297,8 +294,7 @@ class DeepPatch:
                 f"in-place patching writes one matrix per layer, so it needs "
                 f"the patch of one query token of one sequence; this one has "
                 f"(B, q) = {self.shape}. Use patch.apply(model, x) instead.")
-        return InPlace(_inplace_edits(blocks, self.layers), owner=model,
-                       tag=self.start)     # TinyLM.forward reads the start
+        return InPlace(_inplace_edits(blocks, self.layers), model, self.start)
 
 
 # %% ../nbs/03_deep.ipynb #1b5b28e8
@@ -367,15 +363,16 @@ def greedy_patched(model: TinyLM, C: torch.Tensor, x: torch.Tensor, k: int,
     return (out, torch.stack(logits, 1)) if return_logits else out
 
 # %% ../nbs/03_deep.ipynb #f0058956
+VERIFY_DEFAULTS = dict(d_model=64, heads=4, d_mlp=256, causal=True,
+                       mode='bias', batch=1, closed_loop=True)
+
 def _verify_bytes(s, L, T, q, B, d, H) -> float:
     "Estimated peak bytes of `verify`: weights, kept activations, score chunk."
     weights = L * (4 * d * d + 2 * d * H + 6 * d + H)
     kept = B * T * (d * (L + 8) + 2 * H) + B * q * L * (4 * d + H)
     return s * (weights + kept) + 8 * 2 ** 22 * 2
 
-VERIFY_DEFAULTS = dict(d_model=64, heads=4, d_mlp=256, causal=True,
-                       mode='bias', batch=1, closed_loop=True)
-
+# %% ../nbs/03_deep.ipynb #f0058957
 def verify(layers: int = 10, context: int = 256, query: int = 1,
            dtype='float32', layer_kind: str = 'softmax', seed: int = 0,
            **more) -> dict:

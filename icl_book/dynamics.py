@@ -39,6 +39,7 @@ def _inv_sq_norm(a: torch.Tensor, what: str) -> torch.Tensor:
                          "not exist there. Use another query or context.")
     return 1 / n2
 
+# %% ../nbs/04_dynamics.ipynb #5b876004
 class ImplicitGD(NamedTuple):
     "Steps W_{i+1} = W_i - γ_i ∇L_i, with ∇L_i = -(W delta_i) ref_iᵀ."
     h: torch.Tensor       # step sizes γ_i (..., n)

@@ -99,6 +99,7 @@ def chunk_mask(Y, n: int, device=None) -> torch.Tensor:
     m = torch.zeros(n, dtype=torch.bool, device=device); m[Y] = True
     return m
 
+# %% ../nbs/02_token_patch.ipynb #410ec509
 def remove_chunk(C: torch.Tensor, Y) -> torch.Tensor:
     "C \\ Y: the context (B, n, d) without the chunk's positions."
     if not isinstance(C, torch.Tensor) or C.dim() != 3:

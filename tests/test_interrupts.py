@@ -54,9 +54,10 @@ KINDS = ['patched_weights', 'DeepPatch.inplace PreLNStack',
 
 
 def cycle(make, model, x):
+    "One use of a manager; the body runs the model (no no_grad: a Ctrl-C in"
+    " torch's own no_grad.__exit__ would leave grad mode off, torch's affair)."
     with make():
-        if x is not None:
-            with torch.no_grad(): model(x)
+        if x is not None: model(x)
 
 
 def ctrl_c(frame):
@@ -65,6 +66,7 @@ def ctrl_c(frame):
 
 
 def assert_intact(model, before, x):
+    assert torch.is_grad_enabled()
     for k, v in model.state_dict().items():
         assert torch.equal(v, before[k]), f"{k} changed"
     for t in model.parameters():
@@ -130,9 +132,11 @@ def test_ctrl_c_at_random_instants_leaves_weights_exact(kind):
     old = signal.signal(signal.SIGALRM, lambda s, frame: ctrl_c(frame))
     try:
         import time
-        t0 = time.perf_counter()
-        for _ in range(20): cycle(make, model, x)
-        span = (time.perf_counter() - t0) / 20        # one cycle, seconds
+        times = []
+        for _ in range(21):
+            t0 = time.perf_counter(); cycle(make, model, x)
+            times.append(time.perf_counter() - t0)
+        span = sorted(times)[10]                      # median cycle, seconds
         rng, hits = random.Random(1), 0
         for _ in range(200):
             try:
@@ -144,7 +148,7 @@ def test_ctrl_c_at_random_instants_leaves_weights_exact(kind):
             except KeyboardInterrupt: hits += 1
             assert_intact(model, before, x)
     finally: signal.signal(signal.SIGALRM, old)
-    assert hits > 20                 # the timer did interrupt many cycles
+    assert hits >= 20                # the timer did interrupt many cycles
 
 
 @pytest.mark.parametrize('kind', KINDS)
