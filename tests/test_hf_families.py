@@ -111,7 +111,7 @@ def test_half_precision(arch, dtype):
     assert rel_err(got, full) < 10 * torch.finfo(getattr(torch, dtype)).eps
 
 
-@pytest.mark.parametrize("arch,mode", [("gemma2", "rank1"), ("olmo2", "rank1"),
+@pytest.mark.parametrize("arch,mode", [("olmo2", "rank1"),
                                        ("gpt_neox", "bias"), ("phi", "rank1"),
                                        ("opt", "bias"), ("distilbert", "rank1")])
 def test_inplace_restores_bits_also_on_exceptions(arch, mode):
@@ -124,8 +124,7 @@ def test_inplace_restores_bits_also_on_exceptions(arch, mode):
         assert any(not torch.equal(v, before[k])
                    for k, v in m.state_dict().items())
         got = out(m, x)[:, -1]
-    tol = 1e-5 if arch == "gemma2" else 1e-10     # Gemma 2 norms: float32
-    assert rel_err(got, target) <= tol
+    assert rel_err(got, target) <= 1e-10
     with pytest.raises(RuntimeError, match="boom"):
         with patched(m, p, inplace=True):
             raise RuntimeError("boom")
