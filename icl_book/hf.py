@@ -57,10 +57,14 @@ def _hooks(st: ExitStack, ad: Adapter, B: int, **fn) -> None:
                else mod.register_forward_hook)
         st.callback(reg(hook, with_kwargs=kw).remove)
 
+    def back(y, new):                  # new output, tuple kept if one
+        if new is None: return None
+        if isinstance(y, tuple): return (new.reshape(y[0].shape),) + y[1:]
+        return new.reshape(y.shape)
+
     def wrap(f, *key):                 # f(..., x, y) -> new y (or None)
         def hook(m, args, y):
-            new = f(*key, rows(args[0]), rows(y))
-            return None if new is None else new.reshape(y.shape)
+            return back(y, f(*key, rows(args[0]), rows(_out0(y))))
         return hook
 
     busy = []                          # inside a MoE module's own re-call
@@ -69,9 +73,9 @@ def _hooks(st: ExitStack, ad: Adapter, B: int, **fn) -> None:
         def hook(m, args, y):
             if busy: return None
             busy.append(l)
-            try: new = fn['moe'](l, rows(args[0]), rows(y))
+            try: new = fn['moe'](l, rows(args[0]), rows(_out0(y)))
             finally: busy.pop()
-            return None if new is None else new.reshape(y.shape)
+            return back(y, new)
         return hook
 
     for l, lay in enumerate(ad.layers):
@@ -181,9 +185,9 @@ def _moe_run(ad: Adapter, lay, a: torch.Tensor, dW, dW_out=None):
     out = torch.empty_like(a)
     for b in range(a.shape[0]):
         for t in range(a.shape[1]):
-            out[b, t] = functional_call(
+            out[b, t] = _out0(functional_call(
                 lay.moe, _moe_params(ad, lay, dW, dW_out, b, t),
-                (a[b:b + 1, t:t + 1],)).reshape(-1)
+                (a[b:b + 1, t:t + 1],))).reshape(-1)
     return out
 
 def _moe_gates(ad: Adapter, lay, a: torch.Tensor, dW, delta) -> torch.Tensor:
@@ -206,7 +210,8 @@ def _moe_gates(ad: Adapter, lay, a: torch.Tensor, dW, delta) -> torch.Tensor:
                 params = _moe_params(ad, lay, dW, None, b, t)
                 params.update({n: D.to(P.dtype) for n, D, P in
                                zip(nl, Ds, lay.last)})
-                y = functional_call(lay.moe, params, (a[b:b + 1, t:t + 1],))
+                y = _out0(functional_call(lay.moe, params,
+                                          (a[b:b + 1, t:t + 1],)))
                 G = torch.autograd.grad(y.reshape(-1).to(wd), Ds,
                                         grad_outputs=delta[b, t])
             dd = (delta[b, t] ** 2).sum()

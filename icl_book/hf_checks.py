@@ -13,12 +13,13 @@ from torch import nn
 from .blocks import RankOne
 from .patch import patched_weights
 from .families import Adapter, adapter
+from .discovery import find_adapter, norm_rounds
 
 # %% auto #0
 __all__ = ['LayerPatch', 'ModelState', 'HFPatch', 'check_model', 'check_ids', 'position_limit', 'check_length', 'check_mask',
            'check_types', 'check_finite', 'head_reads_outside', 'drop_pooled', 'model_state', 'weights_changed',
            'restored', 'refuse_stale', 'check_patch', 'check_call', 'check_owner', 'claim', 'check_mode', 'Deferred',
-           'norm_rounds', 'write_weights']
+           'write_weights']
 
 # %% ../nbs/11ac_hf_checks.ipynb #hf_che005
 class LayerPatch(NamedTuple):
@@ -40,6 +41,7 @@ class ModelState(NamedTuple):
     versions: dict   # parameter name -> (storage address, version counter)
     rotary: tuple    # (module name, inv_freq copy, attention scaling)
 
+# %% ../nbs/11ac_hf_checks.ipynb #hf_che005b
 @dataclass(frozen=True, eq=False)
 class HFPatch:
     "Per-layer patches of a transformers model for one context and query."
@@ -90,7 +92,7 @@ def _training(model) -> list:
 
 def check_model(model) -> Adapter:
     "The model's adapter, after checking modes, dtypes and devices."
-    ad = adapter(model)
+    ad = find_adapter(model)
     if train := _training(model):
         raise ValueError(
             f"{len(train)} module(s) of the {ad.name} are in training mode "
@@ -116,6 +118,7 @@ def _is_ids(t) -> bool:
             and not t.dtype.is_floating_point and not t.is_complex()
             and t.dtype != torch.bool)
 
+# %% ../nbs/11ac_hf_checks.ipynb #hf_che007b
 def check_ids(ad: Adapter, model, **ids: torch.Tensor) -> None:
     "Token ids (B, T): integer, on the model's device, in the vocabulary."
     emb = ad.base.get_input_embeddings().weight
@@ -171,6 +174,7 @@ def check_length(model, ad: Adapter, n: int, q: int) -> None:
             f"query] ({n + q}) must be multiples of {ch}; or set "
             "model.config.chunk_size_feed_forward = 0 (same numbers)")
 
+# %% ../nbs/11ac_hf_checks.ipynb #hf_che010b
 def check_mask(mask, B: int, T: int, device):
     "An attention mask (B, T) of 0/1 over [context, query], or None."
     if mask is None: return None
@@ -219,7 +223,8 @@ _POOLING = ('SequenceClassification', 'NextSentencePrediction',
 def head_reads_outside(model, ad: Adapter) -> Optional[str]:
     "Why the model's head reads a position outside the query, or None."
     name = type(model).__name__
-    if model is ad.base or ad.family.pattern != 'post-LN': return None
+    enc = ad.family.pattern == 'post-LN' or ad.family.encoder
+    if model is ad.base or not enc: return None
     if any(k in name for k in _POOLING):
         return (f"the {name}'s head reads position 0 (the first token, "
                 "pooled), which is a context token, not one of the query's; "
@@ -297,8 +302,10 @@ def check_patch(ad: Adapter, patches) -> None:
         refuse_stale(ad, patches.state, "since context_patches")
 
 _FILLED = ('position_ids', 'attention_mask', 'token_type_ids')
-_HARMLESS = ('input_ids', 'use_cache', 'return_dict', 'output_hidden_states')
+_HARMLESS = ('input_ids', 'use_cache', 'return_dict', 'output_hidden_states',
+             'logits_to_keep')          # which positions get logits
 
+# %% ../nbs/11ac_hf_checks.ipynb #hf_che018b
 def _refuse_kwargs(kwargs: dict) -> None:
     "Keyword arguments the patch never saw, refused with the reason."
     extra = [k for k, v in kwargs.items() if k not in _FILLED + _HARMLESS
@@ -319,10 +326,11 @@ def _refuse_kwargs(kwargs: dict) -> None:
         "which context_patches never saw, so the patches do not account "
         "for it: omit it, or compute the patches with it")
 
+# %% ../nbs/11ac_hf_checks.ipynb #hf_che018c
 def check_call(p: HFPatch, args, kwargs):
     "Inside patched: the query, positions, mask and types must be the patch's."
     ids = kwargs.get('input_ids', args[0] if args else None)
-    if ids is None or len(args) > 1:
+    if ids is None or any(a is not None for a in args[1:]):
         raise ValueError("inside patched(...) call the model on input_ids "
                          "(the query the patches were computed for), other "
                          "arguments by keyword")
@@ -429,18 +437,7 @@ def _moe_last(Ps: tuple, r: RankOne, b: int, t: int) -> list:
         out.append(r.u[b, t][:, None] * v[..., None, :])
     return out
 
-def norm_rounds(norm: nn.Module, dtype: torch.dtype) -> bool:
-    "Whether a norm applies its weight in float32 in a float64 model."
-    if dtype != torch.float64: return False
-    from torch.func import functional_call
-    w = norm.weight
-    g = torch.Generator(device='cpu').manual_seed(0)
-    x = torch.randn(1, 3, w.shape[-1], generator=g, dtype=dtype)
-    x, w2 = x.to(w.device), w.detach() + 1e-12 * (w.detach().abs() + 1)
-    with torch.no_grad():        # a change float32 cannot hold: seen?
-        return bool(torch.equal(norm(x), functional_call(
-            norm, {'weight': w2}, (x,))))
-
+# %% ../nbs/11ac_hf_checks.ipynb #hf_che025b
 def write_weights(st: ExitStack, ad: Adapter, patches: HFPatch,
                   written: list) -> None:
     "Add the patch of one token to the weights; `st` restores them."
