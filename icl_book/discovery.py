@@ -11,7 +11,7 @@ from torch import nn
 from .families import Family, adapter
 
 # %% auto #0
-__all__ = ['ZOO_TINY', 'norm_rounds', 'discover', 'find_adapter', 'zoo_types', 'zoo_model', 'zoo_table']
+__all__ = ['ZOO_TINY', 'input_embeddings', 'norm_rounds', 'discover', 'find_adapter', 'zoo_types', 'zoo_model', 'zoo_table']
 
 # %% ../nbs/11ab_discovery.ipynb #discov005
 def _blocks(base: nn.Module, L: int) -> tuple:
@@ -21,6 +21,14 @@ def _blocks(base: nn.Module, L: int) -> tuple:
             return name, m
     raise TypeError(f"{type(base).__name__}: no list of {L} blocks "
                     "(config.num_hidden_layers) among its modules")
+
+def input_embeddings(model) -> nn.Module:
+    "The token embedding: the base model's, else the head class's."
+    base = getattr(model, 'base_model', model)
+    for m in (base, model):
+        try: return m.get_input_embeddings()
+        except (NotImplementedError, AttributeError): pass
+    raise TypeError(f"{type(model).__name__} has no input embedding")
 
 def _is_linear(m: nn.Module) -> bool:
     return isinstance(m, nn.Linear) or type(m).__name__ == 'Conv1D'
@@ -219,6 +227,22 @@ def _encoder(base: nn.Module, ids) -> bool:
     return not torch.equal(a, b)
 
 # %% ../nbs/11ab_discovery.ipynb #discov011b
+def _body(base: nn.Module, path: str, ids) -> str:
+    "The deepest module above the blocks that reads the token ids."
+    parts, got, hs = path.split('.'), [], []
+    for i in range(1, len(parts)):
+        name = '.'.join(parts[:i])
+        hs.append(base.get_submodule(name).register_forward_pre_hook(
+            lambda m, a, k, name=name: got.append(name) if any(
+                isinstance(t, torch.Tensor) and not t.is_floating_point()
+                for t in (*a[:1], k.get('input_ids'))) else None,
+            with_kwargs=True))
+    try:
+        with torch.no_grad(): base(input_ids=ids)
+    finally:
+        for h in hs: h.remove()
+    return max(got, key=len, default='')
+
 def discover(model) -> Family:
     "A Family record read off the model's blocks; TypeError with the reason."
     cfg, name = model.config, type(model).__name__
@@ -231,7 +255,7 @@ def discover(model) -> Family:
     if not isinstance(L, int):
         raise TypeError(f"{name}: its config gives no num_hidden_layers")
     path, blocks = _blocks(base, L)
-    emb = base.get_input_embeddings()
+    emb = input_embeddings(model)
     V = emb.weight.shape[0]
     ids = (torch.arange(2, 8) % V).to(emb.weight.device)[None]
     R = _record(base, blocks, ids)
@@ -252,8 +276,11 @@ def discover(model) -> Family:
             f"{found[0]['pattern']} {found[0].get('first')}; block {l}: "
             f"{found[l]['pattern']} {found[l].get('first')}); one record "
             "describes one structure")
-    return Family(cfg.model_type, layers=path, model_type=cfg.model_type,
-                  encoder=_encoder(base, ids), **found[0])
+    body = _body(base, path, ids)              # a wrapper's decoder
+    kw = dict(layers=path[len(body) + 1:] if body else path,
+              model_type=cfg.model_type, body=body or None,
+              encoder=_encoder(base, ids))
+    return Family(cfg.model_type, **kw, **found[0])
 
 # %% ../nbs/11ab_discovery.ipynb #discov013
 _FOUND = weakref.WeakKeyDictionary()     # base model -> discovered Family

@@ -13,7 +13,7 @@ from torch import nn
 from .blocks import RankOne
 from .patch import patched_weights
 from .families import Adapter, adapter
-from .discovery import find_adapter, norm_rounds
+from .discovery import find_adapter, input_embeddings, norm_rounds
 
 # %% auto #0
 __all__ = ['LayerPatch', 'ModelState', 'HFPatch', 'check_model', 'check_ids', 'position_limit', 'check_length', 'check_mask',
@@ -121,7 +121,7 @@ def _is_ids(t) -> bool:
 # %% ../nbs/11ac_hf_checks.ipynb #hf_che007b
 def check_ids(ad: Adapter, model, **ids: torch.Tensor) -> None:
     "Token ids (B, T): integer, on the model's device, in the vocabulary."
-    emb = ad.base.get_input_embeddings().weight
+    emb = input_embeddings(model).weight
     dispatched = _dispatched(model)
     for name, t in ids.items():
         if not _is_ids(t):
