@@ -35,6 +35,7 @@ class Family(NamedTuple):
     pos_reserved: int = 0     # learned positions not usable by tokens
     moe: Optional[str] = None # block path of a mixture-of-experts module;
                               # first and last then name its parameters
+    encoder: bool = False     # every position reads every other
 
 PATTERNS = {
     'pre-norm': "pre-norm, sequential: h = z + A(LN1 z), out = h + M(LN2 h)",
@@ -303,14 +304,15 @@ def find_family(config) -> Family:
     raise TypeError(f"this {mt} configuration is not described: the "
                     f"descriptions need {need}")
 
-def adapter(model) -> Adapter:
+def adapter(model, family: Optional[Family] = None  # None: by model_type
+            ) -> Adapter:
     "The family description of `model` resolved on its modules."
     cfg = getattr(model, 'config', None)
     if cfg is None or not isinstance(model, nn.Module):
         raise TypeError(f"{type(model).__name__} is not a transformers "
                         f"model (no .config); supported model types: "
                         f"{', '.join(sorted(supported()))}")
-    fam = find_family(cfg)
+    fam = family or find_family(cfg)
     base = getattr(model, 'base_model', model)
     if fam.body: base = _get(base, fam.body, type(base).__name__)
     blocks = _get(base, fam.layers, type(base).__name__)

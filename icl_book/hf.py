@@ -6,24 +6,27 @@
 from __future__ import annotations
 import time, weakref
 from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass, field
 from typing import NamedTuple, Optional
 import torch
 from torch import nn
 from .core import check_same, rel_err
 from .blocks import RankOne
 from .deep import PATCH_MODES
-from .patch import patched_weights
 from .families import (Adapter, FAMILIES, SUPPORTED, TINY_ARCHS,
                                adapter, supported, tiny_model)
+from .hf_checks import (
+    LayerPatch, HFPatch, ModelState, check_model, check_ids, check_length,
+    check_mask, check_types, check_finite, head_reads_outside, drop_pooled,
+    model_state, refuse_stale, restored, weights_changed, check_patch,
+    check_call, claim, check_owner, check_mode, Deferred, write_weights,
+    _moe_first, _moe_last, _rotary_same)
 from .weights import (INSTALL, WHEELS, cache_dir, load_pretrained,
                               missing, weights_path)
 
 # %% auto #0
-__all__ = ['SELF_CHECK_TOL', 'LayerPatch', 'HFPatch', 'check_model', 'check_ids', 'check_length', 'accepts_kwarg',
-           'with_context_pass', 'context_patches', 'closed_loop_pass', 'refuse_mismatch', 'model_dtype', 'patched',
-           'moe_routing', 'patch_errors', 'plot_layer_errors', 'generate_without_context', 'token_updates_loop',
-           'token_updates', 'plot_token_updates', 'bench_hf']
+__all__ = ['SELF_CHECK_TOL', 'accepts_kwarg', 'with_context_pass', 'context_patches', 'closed_loop_pass', 'refuse_mismatch',
+           'model_dtype', 'patched', 'moe_routing', 'patch_errors', 'plot_layer_errors', 'generate_without_context',
+           'token_updates_loop', 'token_updates', 'plot_token_updates', 'bench_hf']
 
 # %% ../nbs/11b_patches.ipynb #25552293
 _MOVED = ('pad_batch', 'prompt_states', 'fit_thought_patch', 'ThoughtPatch',
@@ -38,132 +41,6 @@ def __getattr__(name: str):
         import importlib
         return getattr(importlib.import_module('icl_book.compression'), name)
     raise AttributeError(f"module 'icl_book.hf' has no attribute {name!r}")
-
-# %% ../nbs/11b_patches.ipynb #c00511b
-class LayerPatch(NamedTuple):
-    "One layer's patch at every query position."
-    dW: tuple                # RankOne per first matrix: u (B,q,H), v (B,q,d)
-    db_out: Optional[torch.Tensor]   # steering vector (B, q, d), or None
-    dW_out: Optional[RankOne]        # on the last: u (B,q,d), v (B,q,H)
-    ds_post: Optional[torch.Tensor] = None  # post-norm scale change (B,q,d)
-
-    def numel(self) -> int:
-        "Numbers stored per query position (the shared v counted once)."
-        parts = [r.u for r in self.dW] + [self.dW[0].v if self.dW else None,
-                                          self.db_out, self.ds_post]
-        if self.dW_out is not None: parts += [self.dW_out.u, self.dW_out.v]
-        return sum(p.shape[-1] for p in parts if p is not None)
-
-@dataclass(frozen=True, eq=False)
-class HFPatch:
-    "Per-layer patches of a transformers model for one context and query."
-    layers: tuple        # one LayerPatch per layer
-    start: int           # the query's first position (= context length n)
-    mode: str            # 'rank1' or 'bias'
-    arch: str            # class of the model it was computed for
-    family: str = ''     # its family description
-    query_ids: Optional[torch.Tensor] = None     # (B, q) the query
-    positions: Optional[torch.Tensor] = None     # (B, q) or None
-    query_mask: Optional[torch.Tensor] = None    # (B, q) or None
-    errors: tuple = ()   # per layer: rel. error found by the self-check
-    _base: object = field(default=None, repr=False)   # weakref to the model
-
-    def __len__(self) -> int: return len(self.layers)
-
-    @property
-    def shape(self) -> tuple:
-        "(B, q): the sequences and query positions it was computed for."
-        r = self.layers[0].dW[0]
-        return tuple(r.u.shape[:-1])
-
-    @property
-    def position_ids(self) -> Optional[torch.Tensor]:
-        "Positions (B, q) the query had after the context: n, n+1, ..."
-        return self.positions
-
-    def numel(self) -> int:
-        "Numbers stored per query position, all layers together."
-        return sum(p.numel() for p in self.layers)
-
-# %% ../nbs/11b_patches.ipynb #c00711b
-def check_model(model) -> Adapter:
-    "The model's adapter, after checking modes, dtypes and devices."
-    ad = adapter(model)
-    train = [n or '(the model)' for n, m in model.named_modules()
-             if m.training]
-    if train:
-        raise ValueError(
-            f"{len(train)} module(s) of the {ad.name} are in training mode "
-            f"({', '.join(train[:3])}{', ...' if len(train) > 3 else ''}), "
-            "where dropout makes every run different: call model.eval() "
-            "first")
-    dts = sorted({str(p.dtype) for p in model.parameters()
-                  if p.is_floating_point()})
-    if len(dts) > 1:
-        raise ValueError(f"the model's parameters have mixed dtypes {dts}: "
-                         "move it to one with model.to(dtype)")
-    if not hasattr(model, 'hf_device_map'):      # accelerate dispatches
-        devs = sorted({str(p.device) for p in model.parameters()})
-        if len(devs) > 1:
-            raise ValueError(
-                f"the model's parameters have mixed devices {devs}: move it "
-                "to one with model.to(...), or dispatch it with accelerate "
-                "(device_map=...)")
-    return ad
-
-def _is_ids(t) -> bool:
-    return (isinstance(t, torch.Tensor) and t.dim() == 2
-            and not t.dtype.is_floating_point and not t.is_complex()
-            and t.dtype != torch.bool)
-
-def check_ids(ad: Adapter, model, **ids: torch.Tensor) -> None:
-    "Token ids (B, T): integer, on the model's device, in the vocabulary."
-    emb = ad.base.get_input_embeddings().weight
-    dispatched = hasattr(model, 'hf_device_map')
-    for name, t in ids.items():
-        if not _is_ids(t):
-            got = (f"a {t.dtype} tensor of shape {tuple(t.shape)}"
-                   if isinstance(t, torch.Tensor) else type(t).__name__)
-            raise ValueError(f"{name} must be integer token ids (B, T), got "
-                             f"{got}; for one sequence use ids[None]")
-        if not dispatched and t.device != emb.device:
-            raise ValueError(f"{name} is on {t.device} but the model on "
-                             f"{emb.device}: move it with .to(model.device)")
-        if t.shape[1] == 0:
-            raise ValueError(f"{name} is empty: " + (
-                "there is no context to replace by patches (run the model "
-                "on the query itself)" if 'context' in name
-                else "there is no query position to patch"))
-        if t.min() < 0 or t.max() >= emb.shape[0]:
-            raise ValueError(f"{name} has ids outside the vocabulary "
-                             f"0..{emb.shape[0] - 1}")
-    if len({t.shape[0] for t in ids.values()}) > 1:
-        shapes = {k: tuple(t.shape) for k, t in ids.items()}
-        raise ValueError(f"the batch sizes differ: {shapes}")
-
-def check_length(model, ad: Adapter, n: int, q: int) -> None:
-    "Refuse context + query longer than the model's positions reach."
-    field_ = ad.family.max_pos
-    lim = getattr(model.config, field_) if field_ else None
-    if lim is not None: lim -= ad.family.pos_reserved
-    if lim is not None and n + q > lim:
-        raise ValueError(
-            f"context ({n}) + query ({q}) = {n + q} tokens exceed the "
-            f"{ad.name}'s {lim} positions; the query keeps its positions "
-            f"{n}..{n + q - 1}, so shorten the context or the query.")
-
-def _check_mask(mask, B: int, T: int, device):
-    "An attention mask (B, T) of 0/1 over [context, query], or None."
-    if mask is None: return None
-    if (not isinstance(mask, torch.Tensor) or tuple(mask.shape) != (B, T)
-            or mask.is_floating_point() and not ((mask == 0) | (mask == 1)
-                                                 ).all()):
-        got = (tuple(mask.shape) if isinstance(mask, torch.Tensor)
-               else type(mask).__name__)
-        raise ValueError(f"attention_mask must be 0/1 of shape (B, n + q) = "
-                         f"{(B, T)} over the context and the query, got "
-                         f"{got}")
-    return mask.to(device=device, dtype=torch.long)
 
 # %% ../nbs/11b_patches.ipynb #c00911b
 def _out0(o):
@@ -180,10 +57,14 @@ def _hooks(st: ExitStack, ad: Adapter, B: int, **fn) -> None:
                else mod.register_forward_hook)
         st.callback(reg(hook, with_kwargs=kw).remove)
 
+    def back(y, new):                  # new output, tuple kept if one
+        if new is None: return None
+        if isinstance(y, tuple): return (new.reshape(y[0].shape),) + y[1:]
+        return new.reshape(y.shape)
+
     def wrap(f, *key):                 # f(..., x, y) -> new y (or None)
         def hook(m, args, y):
-            new = f(*key, rows(args[0]), rows(y))
-            return None if new is None else new.reshape(y.shape)
+            return back(y, f(*key, rows(args[0]), rows(_out0(y))))
         return hook
 
     busy = []                          # inside a MoE module's own re-call
@@ -192,9 +73,9 @@ def _hooks(st: ExitStack, ad: Adapter, B: int, **fn) -> None:
         def hook(m, args, y):
             if busy: return None
             busy.append(l)
-            try: new = fn['moe'](l, rows(args[0]), rows(y))
+            try: new = fn['moe'](l, rows(args[0]), rows(_out0(y)))
             finally: busy.pop()
-            return None if new is None else new.reshape(y.shape)
+            return back(y, new)
         return hook
 
     for l, lay in enumerate(ad.layers):
@@ -229,9 +110,9 @@ class _Win:
         o = self.seen[l].get(key, 0); self.seen[l][key] = o + T
         return slice(o, o + T)
 
-def _base_forward(ad: Adapter, ids, mask=None, positions=None):
+def _base_forward(ad: Adapter, ids, mask=None, positions=None, types=None):
     "The model without its head; no KV cache."
-    kw = {}
+    kw = {} if types is None else dict(token_type_ids=types)
     if positions is not None: kw['position_ids'] = positions
     if mask is not None: kw['attention_mask'] = mask
     if accepts_kwarg(ad.base, 'use_cache'): kw['use_cache'] = False
@@ -265,8 +146,9 @@ def with_context_pass(ad: Adapter, ids, mask, n: int, **kw) -> list:
                stream=lambda l, h: rec(l, 'h', h),
                branch=lambda l, k, b: rec(l, f'b{k}', b), first=first,
                moe=lambda l, a, y: rec(l, 'a', a))
-        if kw: ad.base(input_ids=ids, attention_mask=mask, **kw)
-        else: _base_forward(ad, ids, mask)
+        if set(kw) - {'token_type_ids'}:
+            ad.base(input_ids=ids, attention_mask=mask, **kw)
+        else: _base_forward(ad, ids, mask, types=kw.get('token_type_ids'))
     for k in keep:
         for key in list(k): k[key] = torch.cat(k[key], 1)
         if ad.family.branch:           # parallel: the stream is x + branches
@@ -279,19 +161,6 @@ SELF_CHECK_TOL = {torch.float64: 1e-9, torch.float32: 1e-3}  # per-layer self-ch
 def _wide(dtype) -> torch.dtype:
     "The dtype patches are computed in: the model's, at least float32."
     return torch.promote_types(dtype, torch.float32)
-def _moe_first(P: torch.Tensor, r: RankOne, b: int, t: int) -> torch.Tensor:
-    "ΔP at one position: u reshaped to P's leading axes, times v."
-    return r.u[b, t].reshape(P.shape[:-1])[..., None] * r.v[b, t]
-
-def _moe_last(Ps: tuple, r: RankOne, b: int, t: int) -> list:
-    "ΔD per down projection (..., d, H): u = δ shared, v = ĝ / ||ĝ||² split."
-    out, o = [], 0
-    for P in Ps:
-        k = P.shape[:-2].numel() * P.shape[-1]
-        v = r.v[b, t, o:o + k].reshape(*P.shape[:-2], P.shape[-1]); o += k
-        out.append(r.u[b, t][:, None] * v[..., None, :])
-    return out
-
 def _moe_names(ad: Adapter) -> tuple:
     "The first and last parameters' names inside the MoE module."
     cut = len(ad.family.moe) + 1
@@ -316,9 +185,9 @@ def _moe_run(ad: Adapter, lay, a: torch.Tensor, dW, dW_out=None):
     out = torch.empty_like(a)
     for b in range(a.shape[0]):
         for t in range(a.shape[1]):
-            out[b, t] = functional_call(
+            out[b, t] = _out0(functional_call(
                 lay.moe, _moe_params(ad, lay, dW, dW_out, b, t),
-                (a[b:b + 1, t:t + 1],)).reshape(-1)
+                (a[b:b + 1, t:t + 1],))).reshape(-1)
     return out
 
 def _moe_gates(ad: Adapter, lay, a: torch.Tensor, dW, delta) -> torch.Tensor:
@@ -329,6 +198,8 @@ def _moe_gates(ad: Adapter, lay, a: torch.Tensor, dW, delta) -> torch.Tensor:
     from torch.func import functional_call
     _, nl = _moe_names(ad)
     wd = delta.dtype
+    a, delta = a.clone(), delta.clone()      # not inference-mode tensors
+    dW = [RankOne(r.u.clone(), r.v.clone()) for r in dW]
     out = []
     for b in range(a.shape[0]):
         row = []
@@ -339,7 +210,8 @@ def _moe_gates(ad: Adapter, lay, a: torch.Tensor, dW, delta) -> torch.Tensor:
                 params = _moe_params(ad, lay, dW, None, b, t)
                 params.update({n: D.to(P.dtype) for n, D, P in
                                zip(nl, Ds, lay.last)})
-                y = functional_call(lay.moe, params, (a[b:b + 1, t:t + 1],))
+                y = _out0(functional_call(lay.moe, params,
+                                          (a[b:b + 1, t:t + 1],)))
                 G = torch.autograd.grad(y.reshape(-1).to(wd), Ds,
                                         grad_outputs=delta[b, t])
             dd = (delta[b, t] ** 2).sum()
@@ -352,7 +224,7 @@ def _moe_gates(ad: Adapter, lay, a: torch.Tensor, dW, delta) -> torch.Tensor:
 # %% ../nbs/11b_patches.ipynb #c01011b
 def context_patches(model, context_ids: torch.Tensor, query_ids: torch.Tensor,
                     mode: str = 'rank1', min_norm=None, attention_mask=None,
-                    check: bool = True) -> HFPatch:
+                    check: bool = True, token_type_ids=None) -> HFPatch:
     "Per-layer, per-position patches making the query alone act as [C, x]."
     ad = check_model(model)
     if mode not in PATCH_MODES:
@@ -360,21 +232,26 @@ def context_patches(model, context_ids: torch.Tensor, query_ids: torch.Tensor,
     check_ids(ad, model, context_ids=context_ids, query_ids=query_ids)
     (B, n), q = context_ids.shape, query_ids.shape[1]
     check_length(model, ad, n, q)
-    mask = _check_mask(attention_mask, B, n + q, query_ids.device)
+    mask = check_mask(attention_mask, B, n + q, query_ids.device)
     qmask = None if mask is None else mask[:, n:]
-    with torch.no_grad():
+    tt = check_types(token_type_ids, B, n + q, query_ids.device)
+    kw = {} if tt is None else dict(token_type_ids=tt)
+    with torch.no_grad(), torch.inference_mode(False):
         full = torch.cat([context_ids, query_ids], 1)
-        ctx = with_context_pass(ad, full, mask, n)
+        ctx = with_context_pass(ad, full, mask, n, **kw)
+        check_finite(ad, model, ctx, qmask)
         pos = (torch.arange(n, n + q, device=query_ids.device).expand(B, q)
                if accepts_kwarg(ad.base, 'position_ids') else None)
+        qt = None if tt is None else tt[:, n:]
         layers, errs = closed_loop_pass(ad, ctx, query_ids, qmask, pos, mode,
-                                    min_norm)
+                                        min_norm, qt)
     if check: refuse_mismatch(ad, errs)
     return HFPatch(tuple(layers), n, mode, ad.name, ad.family.name,
-                   query_ids, pos, qmask, errs, weakref.ref(ad.base))
+                   query_ids, pos, qmask, errs, weakref.ref(ad.base),
+                   model_state(ad), qt)
 
 def closed_loop_pass(ad: Adapter, ctx: list, query_ids, qmask, pos,
-                     mode: str, min_norm=None) -> tuple:
+                     mode: str, min_norm=None, types=None) -> tuple:
     """Pass 2: the query alone (B, q) at positions `pos`, each layer patched
     to give its with-context values `ctx`; (layers, errors per layer)."""
     B = query_ids.shape[0]
@@ -468,7 +345,7 @@ def closed_loop_pass(ad: Adapter, ctx: list, query_ids, qmask, pos,
         _hooks(st, ad, B, block_pre=block_pre, branch=branch,
                stream=stream, first=first, last=last, post=post, moe=moe,
                block=lambda l, o: outs[l].append(o.clone()))
-        _base_forward(ad, query_ids, qmask, pos)
+        _base_forward(ad, query_ids, qmask, pos, types)
     cat = lambda ps: RankOne(torch.cat([p.u for p in ps], 1),
                              torch.cat([p.v for p in ps], 1))
     layers = []
@@ -509,107 +386,13 @@ def _layer_err(out, ref, qmask) -> float:
     return rel_err(out, ref)
 
 # %% ../nbs/11b_patches.ipynb #c01211b
-def _check_patch(ad: Adapter, patches) -> None:
-    if not isinstance(patches, HFPatch):
-        raise TypeError(f"patches must come from context_patches, got "
-                        f"{type(patches).__name__}")
-    if patches.arch != ad.name or len(patches) != len(ad.layers):
-        raise ValueError(
-            f"the patches were computed for a {patches.arch} with "
-            f"{len(patches)} layers; this is a {ad.name} with "
-            f"{len(ad.layers)} layers")
-    if _wide(model_dtype(ad)) != patches.layers[0].dW[0].u.dtype:
-        raise ValueError(
-            f"the patches and the model must share one dtype: the patches "
-            f"are {patches.layers[0].dW[0].u.dtype}, the model "
-            f"{model_dtype(ad)}")
-    if patches._base is not None and patches._base() is not ad.base:
-        raise ValueError(
-            "the patches were computed for another model object (one with "
-            "the same configuration is not enough: its weights differ); "
-            "compute them with context_patches(this model, ...)")
-
-def _check_call(p: HFPatch, args, kwargs):
-    "Inside patched: the query, positions and mask must be the patch's."
-    ids = kwargs.get('input_ids', args[0] if args else None)
-    if ids is None:
-        raise ValueError("inside patched(...) call the model on input_ids "
-                         "(the query the patches were computed for)")
-    if ids.shape != p.query_ids.shape or not torch.equal(
-            ids, p.query_ids.to(ids.device)):
-        raise ValueError(
-            f"inside patched(...) run the model on the query the patches "
-            f"were computed for, (B, q) = {tuple(p.query_ids.shape)}; got "
-            f"other ids of shape {tuple(ids.shape)}")
-    for key, mine in (('position_ids', p.positions),
-                      ('attention_mask', p.query_mask)):
-        got = kwargs.get(key)
-        if got is None:
-            if mine is not None: kwargs[key] = mine.to(ids.device)
-        elif mine is None:
-            if key == 'position_ids' or not bool((got != 0).all()):
-                raise ValueError(
-                    f"{key} was given but the patches were computed without "
-                    f"one: pass it to context_patches, or omit it here")
-        elif got.shape != mine.shape or not torch.equal(
-                got.to(mine.device).long(), mine.long()):
-            raise ValueError(
-                f"{key} differs from the one the patches were computed for: "
-                f"omit it (patched fills it in) or pass patches.{key}"
-                .replace('patches.attention_mask', 'patches.query_mask'))
-    return args, kwargs
-
-def _write_weights(st: ExitStack, ad: Adapter, patches: HFPatch) -> None:
-    "Add the patch of one token to the weights; `st` restores them."
-    if patches.shape != (1, 1):
-        raise ValueError(
-            "inplace=True writes one matrix per layer, so it needs the patch "
-            "of one query token of one sequence; this one has (B, q) = "
-            f"{patches.shape}. Use the default inplace=False.")
-    flat = lambda r: RankOne(r.u.reshape(-1), r.v.reshape(-1))
-
-    def write(param, upd, what):
-        if param is None:
-            raise ValueError(f"the {ad.name}'s {what} has no bias to write "
-                             "the steering vector into: use mode='rank1' or "
-                             "inplace=False")
-        if param.device.type == 'meta':
-            raise ValueError("inplace=True cannot write into offloaded "
-                             "weights: use the default inplace=False")
-        st.enter_context(patched_weights(param, upd.detach().to(param.dtype)))
-
-    for lay, p in zip(ad.layers, patches.layers):
-        if lay.moe is not None:                 # parameters, 2-D or 3-D
-            for P, r in zip(lay.first, p.dW):
-                write(P, _moe_first(P, r, 0, 0), 'router or expert')
-            if p.dW_out is not None:
-                for P, D in zip(lay.last, _moe_last(lay.last, p.dW_out,
-                                                    0, 0)):
-                    write(P, D, 'down projection')
-            if p.db_out is not None:
-                write(None, None, 'mixture of experts (its down projections)')
-            continue
-        edits = list(zip(lay.first, p.dW))
-        if p.dW_out is not None: edits.append((lay.last, p.dW_out))
-        for m, r in edits:
-            r = flat(r)
-            if not isinstance(m, nn.Linear): r = RankOne(r.v, r.u)  # Conv1D
-            write(m.weight, r.dense(), 'linear map')
-        if p.db_out is not None:
-            m = lay.post if lay.post is not None else lay.last
-            write(getattr(m, 'bias', None), p.db_out.reshape(-1),
-                  'norm after the MLP' if lay.post is not None
-                  else 'last MLP matrix')
-        if p.ds_post is not None:               # s = offset + w -> s (1 + ρ)
-            w = lay.post.weight
-            write(w, (ad.family.post_offset + w.to(p.ds_post.dtype))
-                  * p.ds_post.reshape(-1), 'norm after the MLP')
-
 @contextmanager
 def patched(model, patches: HFPatch, inplace: bool = False):
     "Inside, model(query) sees the context; positions and mask filled in."
     ad = check_model(model)
-    _check_patch(ad, patches)
+    check_patch(ad, patches)
+    why = head_reads_outside(model, ad)
+    if why: raise ValueError(f"patched cannot reproduce this head: {why}")
     win = _Win(len(ad.layers))
     P = patches.layers
 
@@ -640,10 +423,12 @@ def patched(model, patches: HFPatch, inplace: bool = False):
         yw = y.to(p.ds_post.dtype)
         return (yw + yw * p.ds_post[:, w]).to(y.dtype)
 
-    seen = []                                  # the call passed the checks
+    seen, expect, written = [], [], []         # checked call; state
 
-    def check_call(m, a, k):
-        seen.append(True); return _check_call(patches, a, k)
+    def check(m, a, k):
+        check_owner(ad); check_mode(ad, model)
+        if expect: refuse_stale(ad, expect[0], "inside patched(...)")
+        seen.append(True); return check_call(patches, a, k)
 
     def block_pre(l, x):
         if not seen:
@@ -652,26 +437,54 @@ def patched(model, patches: HFPatch, inplace: bool = False):
                              "its base model) on the query ids")
         win.reset(l)
 
-    with ExitStack() as st:
-        st.callback(ad.base.register_forward_pre_hook(
-            check_call, with_kwargs=True).remove)
-        st.callback(ad.base.register_forward_hook(
-            lambda m, a, o: seen.clear()).remove)
+    def rotary(m, a, o, rec):
+        if not _rotary_same(m, rec):
+            raise ValueError(
+                f"the rotary embedding {rec[0]!r} changed its frequencies "
+                "since context_patches (dynamic RoPE after a longer call): "
+                "compute the patches again")
+
+    Deferred.install(); st, opened = ExitStack(), False
+    Deferred.local.depth += 1                  # no Ctrl-C while changing
+    try:
+        claim(st, ad)
+        reg = lambda h, **kw: st.callback(h(**kw).remove)
+        reg(ad.base.register_forward_pre_hook, hook=check, with_kwargs=True)
+        reg(ad.base.register_forward_hook,
+            hook=lambda m, a, o: seen.clear())
+        if getattr(ad.base, 'pooler', None) is not None:
+            reg(ad.base.register_forward_hook,
+                hook=lambda m, a, o: drop_pooled(o))
+        mods = dict(ad.base.named_modules())
+        for rec in (patches.state.rotary if patches.state else ()):
+            reg(mods[rec[0]].register_forward_hook,
+                hook=lambda m, a, o, rec=rec: rotary(m, a, o, rec))
         B = patches.shape[0]
         if inplace:
-            _write_weights(st, ad, patches)
+            write_weights(st, ad, patches, written)
             _hooks(st, ad, B, block_pre=block_pre)
         else:
             _hooks(st, ad, B, block_pre=block_pre, first=first, last=last,
                    post=post, moe=moe)
+        expect.append(model_state(ad))
+        opened = True; Deferred.release()      # a deferred Ctrl-C: here
         yield model
+    finally:
+        if opened: Deferred.local.depth += 1
+        try:
+            st.close()                         # restores written weights
+            if written and patches.state:
+                restored(patches.state, ad, written)
+        finally: Deferred.release()
+
+
 
 # %% ../nbs/11b_patches.ipynb #4e5a0536
 def moe_routing(model, context_ids: torch.Tensor, query_ids: torch.Tensor,
                 patches: HFPatch) -> list:
     """Per MoE layer, at the query positions: whether the patched router
     selects the with-context experts, its logits' error, and the margin."""
-    ad = check_model(model); _check_patch(ad, patches)
+    ad = check_model(model); check_patch(ad, patches)
     if patches.query_mask is not None:
         raise ValueError("moe_routing compares unpadded runs: compute the "
                          "patches without an attention_mask")
@@ -885,6 +698,7 @@ def bench_hf(context: int = 128, query: int = 1, repeats: int = 5,
                            **({'num_key_value_heads': 3}
                               if arch not in _NO_KV else {}))
         name = f"random {arch} (SmolLM2's size)"
+    check_length(model, adapter(model), context, query)   # before any run
     g = torch.Generator().manual_seed(seed)
     V = model.get_input_embeddings().weight.shape[0]
     ids = torch.randint(0, V, (1, context + query), generator=g)

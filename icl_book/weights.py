@@ -95,8 +95,12 @@ def _smollm2_fp32():
 
 _LOADED = {}
 
-def load_pretrained(name: str = 'smollm2', dtype='float32'):
-    "(model, tokenizer) of the offline weights `name`, cached per process."
+def load_pretrained(name: str = 'smollm2', dtype='float32',
+                    fresh: bool = False):  # own copy, not the shared one
+    "(model, tokenizer) of the offline weights `name`, one object per process."
+    if fresh:
+        m, tok = load_pretrained(name, dtype)
+        return copy.deepcopy(m), tok
     dt = resolve_dtype(dtype)
     why = missing(name)
     if why: raise ImportError(why)

@@ -298,6 +298,25 @@ def test_bench_hf_is_json(smollm2):
     assert r["layers"] == 30 and r["context"] == 8 and r["ratio"] > 0
 
 
+@needs_smollm2
+def test_bench_hf_refuses_a_context_beyond_smollm2_positions(smollm2):
+    with pytest.raises(ValueError, match="exceed the LlamaForCausalLM's 8192"):
+        bench_hf(context=100000, repeats=1)
+
+
+@needs_smollm2
+def test_load_pretrained_shares_one_object_or_gives_a_fresh_copy(smollm2):
+    model, _ = smollm2
+    assert load_pretrained("smollm2")[0] is model          # documented
+    own, _ = load_pretrained("smollm2", fresh=True)
+    assert own is not model
+    assert all(torch.equal(a, b) for a, b in
+               zip(own.parameters(), model.parameters()))
+    with torch.no_grad():
+        own.lm_head.weight.zero_()                          # private
+    assert model.lm_head.weight.abs().sum() > 0
+
+
 @needs_minilm
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 def test_minilm_post_ln_every_layer(dtype):

@@ -1,0 +1,323 @@
+"""Every silent-wrong case and deep crash of issues 22 and 27 around
+icl_book.hf.patched: each is exact, or refused with a message naming the
+cause. Tiny random models only (cheap)."""
+import io
+import random
+import signal
+import sys
+import threading
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers", reason="the hf extra is "
+                                   "not installed")
+
+from icl_book.core import rel_err  # noqa: E402
+from conftest import model_output as output, random_ids as ids, snapshot  # noqa: E402
+from icl_book.hf import (context_patches, generate_without_context,  # noqa: E402
+                         patched, tiny_model)
+
+
+def hooks_left(model):
+    return sum(len(m._forward_hooks) + len(m._forward_pre_hooks)
+               for m in model.modules())
+
+
+def same_bits(model, before):
+    return all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
+
+
+def full_out(m, C, x, **kw):
+    return output(m, torch.cat([C, x], 1), **kw)[:, C.shape[1]:]
+
+
+# ------------------------------------------- heads reading outside the query
+@pytest.mark.parametrize("arch,cls", [
+    ("bert", "BertForSequenceClassification"),
+    ("bert", "BertForNextSentencePrediction"),
+    ("bert", "BertForPreTraining"),
+    ("roberta", "RobertaForSequenceClassification"),
+    ("distilbert", "DistilBertForSequenceClassification")])
+def test_pooling_heads_are_refused_naming_position_0(arch, cls):
+    cfg = tiny_model(arch).config
+    torch.manual_seed(0)
+    m = getattr(transformers, cls)(cfg).double().eval()
+    C, x = ids(1, 6, 0, low=3), ids(1, 3, 1, low=3)
+    p = context_patches(m, C, x)
+    with pytest.raises(ValueError, match="reads position 0"):
+        with patched(m, p):
+            m(x)
+    assert hooks_left(m) == 0
+
+
+def test_bare_encoder_drops_the_pooled_vector_and_stays_exact():
+    torch.manual_seed(0)                               # BertModel + pooler
+    m = transformers.BertModel(tiny_model("bert").config).double().eval()
+    assert m.pooler is not None
+    C, x = ids(2, 6, 0), ids(2, 3, 1)
+    full = full_out(m, C, x)
+    p = context_patches(m, C, x)
+    with patched(m, p):
+        r = m(x)
+    assert r.pooler_output is None                     # not a wrong vector
+    assert rel_err(r.last_hidden_state, full) <= 1e-12
+
+
+def test_causal_classifier_reads_the_last_token_and_is_exact():
+    cfg = tiny_model("llama").config
+    torch.manual_seed(0)
+    m = transformers.LlamaForSequenceClassification(cfg).double().eval()
+    C, x = ids(1, 7, 0), ids(1, 2, 1)
+    with torch.no_grad():
+        ref = m(torch.cat([C, x], 1)).logits
+        with patched(m, context_patches(m, C, x)):
+            got = m(x).logits
+    assert rel_err(got, ref) <= 1e-10
+
+
+# ---------------------------------------------------- keyword arguments
+def test_keyword_arguments_the_patch_never_saw_are_refused():
+    m = tiny_model("bert")
+    C, x = ids(2, 6, 0), ids(2, 3, 1)
+    p = context_patches(m, C, x)
+    with patched(m, p):
+        with pytest.raises(ValueError, match="token_type_ids was given"):
+            m(x, token_type_ids=torch.ones_like(x))
+        with pytest.raises(ValueError, match="output_attentions"):
+            m(x, output_attentions=True)
+        with pytest.raises(ValueError, match="inputs_embeds"):
+            m(x, inputs_embeds=torch.zeros(2, 3, 32, dtype=torch.float64))
+
+
+def test_context_patches_take_token_type_ids():
+    m = tiny_model("bert")
+    C, x = ids(2, 6, 0), ids(2, 3, 1)
+    tt = torch.cat([torch.zeros(2, 6), torch.ones(2, 3)], 1).long()
+    full = full_out(m, C, x, token_type_ids=tt)
+    p = context_patches(m, C, x, token_type_ids=tt)
+    with patched(m, p):
+        assert rel_err(output(m, x), full) <= 1e-12   # filled in
+        assert rel_err(output(m, x, token_type_ids=tt[:, 6:]), full) <= 1e-12
+        with pytest.raises(ValueError, match="token_type_ids differs"):
+            m(x, token_type_ids=torch.zeros_like(x))
+    assert rel_err(full_out(m, C, x), full) > 1e-3     # the types matter
+
+
+def test_generate_inside_patched_points_to_generate_without_context():
+    m = tiny_model("llama", "float32")
+    C, x = ids(1, 6, 0), ids(1, 2, 1)
+    with patched(m, context_patches(m, C, x)):
+        with pytest.raises(ValueError, match="generate_without_context"):
+            m.generate(x, max_new_tokens=2, do_sample=False)
+    assert hooks_left(m) == 0
+
+
+# ------------------------------------------ nesting, threads, mode, weights
+@pytest.mark.parametrize("arch", ["llama", "mixtral"])
+def test_nested_patched_is_refused(arch):
+    m = tiny_model(arch, layers=2, d=16)
+    C, x = ids(1, 6, 0), ids(1, 2, 1)
+    full = full_out(m, C, x)
+    p = context_patches(m, C, x)
+    before = snapshot(m)
+    with patched(m, p):
+        with pytest.raises(RuntimeError, match="already inside patched"):
+            with patched(m, p):
+                pass
+        assert rel_err(output(m, x), full) <= 1e-10   # the outer one intact
+    assert hooks_left(m) == 0 and same_bits(m, before)
+    with patched(m, p):                                # usable again
+        assert rel_err(output(m, x), full) <= 1e-10
+
+
+def test_a_second_thread_cannot_use_a_patched_model():
+    m = tiny_model("llama", "float32")
+    C, x = ids(1, 6, 0), ids(1, 1, 1)
+    p = context_patches(m, C, x)
+    inside, leave, seen = threading.Event(), threading.Event(), []
+
+    def worker():
+        with patched(m, p, inplace=True):
+            inside.set(); leave.wait(30)
+
+    t = threading.Thread(target=worker); t.start()
+    try:
+        assert inside.wait(30)
+        for f in (lambda: m(x), lambda: patched(m, p).__enter__()):
+            with pytest.raises(RuntimeError, match="in another thread") as e:
+                f()
+            seen.append(str(e.value))
+    finally:
+        leave.set(); t.join()
+    assert len(seen) == 2 and hooks_left(m) == 0
+    with patched(m, p):                                # free again
+        output(m, x)
+
+
+def test_train_inside_the_block_is_refused_at_the_call():
+    m = tiny_model("gpt2", "float32", layers=2, d=16)
+    C, x = ids(1, 6, 0), ids(1, 2, 1)
+    with patched(m, context_patches(m, C, x)):
+        output(m, x)
+        m.train()
+        with pytest.raises(ValueError, match="training mode"):
+            output(m, x)
+        m.eval()
+        output(m, x)
+
+
+def test_weights_edited_after_context_patches_are_refused():
+    m = tiny_model("llama")
+    C, x = ids(1, 6, 0), ids(1, 2, 1)
+    p = context_patches(m, C, x)
+    w = m.model.layers[1].mlp.up_proj.weight
+    with torch.no_grad():
+        w.mul_(1.01)
+    with pytest.raises(ValueError, match="changed since context_patches"):
+        with patched(m, p):
+            pass
+    p = context_patches(m, C, x)
+    with patched(m, p):
+        output(m, x)
+        with torch.no_grad():
+            m.model.layers[0].self_attn.q_proj.weight.add_(1e-3)
+        with pytest.raises(ValueError, match="changed inside patched"):
+            output(m, x)
+    assert hooks_left(m) == 0
+
+
+def test_inplace_block_keeps_its_patches_valid():
+    m = tiny_model("llama")
+    C, x = ids(1, 6, 0), ids(1, 1, 1)
+    full = full_out(m, C, x)
+    p = context_patches(m, C, x)
+    for _ in range(2):                                 # written, restored
+        with patched(m, p, inplace=True):
+            assert rel_err(output(m, x), full) <= 1e-10
+
+
+def test_dynamic_rope_state_change_is_refused():
+    m = tiny_model("llama", max_position_embeddings=16, rope_parameters=dict(
+        rope_type="dynamic", factor=2.0, rope_theta=10000.0))
+    C, x = ids(1, 14, 0), ids(1, 4, 1)                 # 18 > 16 positions
+    full = full_out(m, C, x)
+    p = context_patches(m, C, x)
+    with patched(m, p):
+        assert rel_err(output(m, x), full) <= 1e-10
+    output(m, ids(1, 30, 2))                           # a longer call
+    with patched(m, p):
+        with pytest.raises(ValueError, match="rotary embedding"):
+            output(m, x)
+
+
+@pytest.mark.parametrize("arch", ["gemma2", "gemma3_text"])
+def test_inplace_into_float32_norms_is_refused_in_float64(arch):
+    m = tiny_model(arch, "float64", layers=2, d=16)
+    C, x = ids(1, 6, 0), ids(1, 1, 1)
+    full = full_out(m, C, x)
+    before = snapshot(m)
+    p = context_patches(m, C, x)
+    with pytest.raises(ValueError, match="computes in float32"):
+        with patched(m, p, inplace=True):
+            pass
+    assert same_bits(m, before) and hooks_left(m) == 0
+    with patched(m, p):                                # hooks: exact
+        assert rel_err(output(m, x), full) <= 1e-12
+
+
+# ------------------------------------------------------------------ Ctrl-C
+def interrupted_block(m, p, inplace, k):
+    """Run `with patched(...): pass` with a SIGINT raised at the k-th trace
+    event (any line of any frame: a Ctrl-C at that instant); (events, hit)."""
+    n = [0]
+
+    def tracer(frame, event, arg):
+        n[0] += 1
+        if n[0] == k:
+            signal.raise_signal(signal.SIGINT)
+        return tracer
+    try:
+        sys.settrace(tracer)
+        try:
+            with patched(m, p, inplace=inplace):
+                pass
+        finally:
+            sys.settrace(None)
+    except KeyboardInterrupt:
+        return n[0], True
+    return n[0], False
+
+
+# an interrupt landing in a generator's finalizer is dropped by Python itself
+# ("Exception ignored in"): it changes no state, so that warning is ignored
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+@pytest.mark.parametrize("inplace", [False, True])
+def test_ctrl_c_at_random_instants_leaves_nothing_behind(inplace):
+    m = tiny_model("llama", "float32", layers=2, d=16)
+    C, x = ids(1, 6, 0), ids(1, 1, 1)
+    p = context_patches(m, C, x)
+    before, rng = snapshot(m), random.Random(0)
+    K, hit = interrupted_block(m, p, inplace, -1)       # events, no signal
+    assert not hit and K > 100
+    hits, left = 0, []
+    for _ in range(300):
+        k = rng.randint(1, K)
+        hits += interrupted_block(m, p, inplace, k)[1]
+        if hooks_left(m) or not same_bits(m, before):
+            left.append(k)
+            break
+    assert not left, f"a Ctrl-C at event {left[0]} of {K} left state behind"
+    assert hits >= 290                         # the interrupts did land
+    with patched(m, p):                        # and the model is free
+        output(m, x)
+
+
+# ------------------------------------------------------- crashes, messages
+def test_moe_patches_under_inference_mode():
+    m = tiny_model("mixtral", layers=2, d=16)
+    C, x = ids(1, 6, 0), ids(1, 2, 1)
+    full = full_out(m, C, x)
+    with torch.inference_mode():
+        p = context_patches(m, C, x)
+    with patched(m, p):
+        assert rel_err(output(m, x), full) <= 1e-10
+
+
+def test_chunked_feed_forward_that_does_not_divide_the_query():
+    m = tiny_model("bert", chunk_size_feed_forward=2)
+    with pytest.raises(ValueError, match="chunks of 2 positions"):
+        context_patches(m, ids(1, 6, 0), ids(1, 3, 1))
+
+
+def test_rope_models_refuse_prompts_beyond_their_positions():
+    m = tiny_model("llama")                            # 128 positions
+    with pytest.raises(ValueError, match="exceed the LlamaForCausalLM's 128"):
+        context_patches(m, ids(1, 127, 0), ids(1, 2, 1))
+
+
+def test_non_finite_with_context_run_is_reported_as_such():
+    m = tiny_model("llama")
+    with torch.no_grad():
+        m.model.layers[0].mlp.up_proj.weight[0, 0] = float("nan")
+    with pytest.raises(ValueError, match="transformers' own run"):
+        context_patches(m, ids(1, 6, 0), ids(1, 2, 1))
+
+
+def test_cpu_offload_is_patched_exactly():
+    accelerate = pytest.importorskip("accelerate")
+    m = tiny_model("llama", "float32")
+    C, x = ids(2, 6, 0), ids(2, 2, 1)
+    full = full_out(m, C, x)
+    accelerate.cpu_offload(m, execution_device=torch.device("cpu"))
+    assert m.model.layers[0].mlp.up_proj.weight.device.type == "meta"
+    p = context_patches(m, C, x)
+    with patched(m, p):
+        assert rel_err(output(m, x), full) <= 1e-5
+
+
+def test_hfpatch_is_not_pickled_and_says_why():
+    m = tiny_model("llama")
+    p = context_patches(m, ids(1, 6, 0), ids(1, 2, 1))
+    with pytest.raises(TypeError, match="recompute it with context_patches"):
+        torch.save(p, io.BytesIO())
