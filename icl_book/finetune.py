@@ -439,7 +439,7 @@ NAMES = {'example_grad': r'$\nabla\ell_{i+1}(W)$ (chosen)',
 def _legend_below(ax, ncol: int = 2, **kw) -> None:
     "A legend under the axes, off the data."
     ax.legend(loc='upper center', bbox_to_anchor=(0.5, -0.2), ncol=ncol,
-              fontsize=10, frameon=False, **kw)
+              fontsize=11, frameon=False, **kw)
 
 def _plot_losses(ax, L: dict, title: str, legend: bool = True) -> None:
     "Test MSE against the number of examples: implicit, explicit, baselines."
@@ -498,17 +498,21 @@ def _plot_function(ax, al: dict, title: str, legend: bool = True) -> None:
            xlabel=r"explicit: $f_{W'_{i+1}}(x_q) - f_{W'_i}(x_q)$",
            ylabel=r'implicit: $\hat y_{i+1} - \hat y_i$', title=title)
     if legend: _legend_below(ax, ncol=1)
-def plot_finetuning(losses: dict, runs: dict):
-    "Figure: test loss vs n; token-wise cosines with nulls; function space."
+def plot_finetuning(losses: dict, runs: dict,
+                    rows: tuple = ('loss', 'cosine', 'function')):
+    "Figure, both settings side by side: test loss, cosines, function space."
     import matplotlib.pyplot as plt
     from icl_book.core import set_style
     set_style()
-    fig, axes = plt.subplots(3, 2, figsize=(9, 14))
+    fig, axes = plt.subplots(len(rows), 2, figsize=(8, 4.6 * len(rows)),
+                             squeeze=False)
     for col, key in zip(axes.T, ('plain', 'preln')):
-        name = runs[key]['name']
-        _plot_losses(col[0], losses[name], f'{name}: test loss')
-        _plot_cosines(col[1], runs[key], f'{name}: alignment per token')
-        _plot_function(col[2], runs[key], f'{name}: change of the prediction')
+        r, name = runs[key], runs[key]['name']
+        for ax, row in zip(col, rows):
+            {'loss': lambda: _plot_losses(ax, losses[name], f'{name}: test loss'),
+             'cosine': lambda: _plot_cosines(ax, r, f'{name}: per token'),
+             'function': lambda: _plot_function(ax, r, f'{name}: prediction')
+             }[row]()
     fig.tight_layout(h_pad=2)
     return fig
 
@@ -532,7 +536,7 @@ def plot_factors(runs: dict, layers):
     b.set(xlabel=r'left: $\cos(W(A_{i+1}-A_i), -\rho_{i+1})$', ylabel='density',
           title='(b) hidden-space factors')
     for ax in (a, b): _legend_below(ax)
-    l = range(len(layers))
+    l = range(1, len(layers) + 1)
     c.errorbar(l, layers['null_median'], 2 * layers['null_sd'], fmt='none',
                color='0.5', capsize=3, label='null ± 2 sd')
     c.plot(l, layers['median'], 'C0o-', ms=4, label='median cosine')
