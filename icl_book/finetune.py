@@ -498,22 +498,22 @@ def _plot_function(ax, al: dict, title: str, legend: bool = True) -> None:
            xlabel=r"explicit: $f_{W'_{i+1}}(x_q) - f_{W'_i}(x_q)$",
            ylabel=r'implicit: $\hat y_{i+1} - \hat y_i$', title=title)
     if legend: _legend_below(ax, ncol=1)
-def plot_finetuning(losses: dict, runs: dict,
-                    rows: tuple = ('loss', 'cosine', 'function')):
-    "Figure, both settings side by side: test loss, cosines, function space."
+def plot_finetuning(losses: dict, runs: dict, row: str = 'loss'):
+    "Figure, both settings side by side: test loss, cosines or function space."
     import matplotlib.pyplot as plt
     from icl_book.core import set_style
     set_style()
-    fig, axes = plt.subplots(len(rows), 2, figsize=(8, 4.6 * len(rows)),
-                             squeeze=False)
-    for col, key in zip(axes.T, ('plain', 'preln')):
-        r, name = runs[key], runs[key]['name']
-        for ax, row in zip(col, rows):
-            {'loss': lambda: _plot_losses(ax, losses[name], f'{name}: test loss'),
-             'cosine': lambda: _plot_cosines(ax, r, f'{name}: per token'),
-             'function': lambda: _plot_function(ax, r, f'{name}: prediction')
-             }[row]()
-    fig.tight_layout(h_pad=2)
+    fig, axes = plt.subplots(1, 2, figsize=(8, 4.6))
+    own = row == 'function'                      # its labels differ per panel
+    for ax, key in zip(axes, ('plain', 'preln')):
+        r, n = runs[key], runs[key]['name']
+        if row == 'loss': _plot_losses(ax, losses[n], f'{n}: test loss', own)
+        elif row == 'cosine': _plot_cosines(ax, r, f'{n}: per token', legend=own)
+        else: _plot_function(ax, r, f'{n}: prediction')
+    if not own:                                  # one legend for both panels
+        fig.legend(*axes[0].get_legend_handles_labels(), loc='lower center',
+                   ncol=3, fontsize=11, frameon=False)
+    fig.tight_layout(rect=(0, 0 if own else 0.15, 1, 1))
     return fig
 
 # %% ../nbs/07_finetuning.ipynb #021a2c0a
