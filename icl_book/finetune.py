@@ -502,19 +502,16 @@ def plot_finetuning(losses: dict, runs: dict, row: str = 'loss'):
     "Figure, both settings side by side: test loss, cosines or function space."
     import matplotlib.pyplot as plt
     from icl_book.core import set_style
-    set_style()
-    fig, axes = plt.subplots(1, 2, figsize=(8, 4.6))
+    set_style(); fig, axes = plt.subplots(1, 2, figsize=(8, 4.6))
     own = row == 'function'                      # its labels differ per panel
     for ax, key in zip(axes, ('plain', 'preln')):
         r, n = runs[key], runs[key]['name']
         if row == 'loss': _plot_losses(ax, losses[n], f'{n}: test loss', own)
         elif row == 'cosine': _plot_cosines(ax, r, f'{n}: per token', legend=own)
         else: _plot_function(ax, r, f'{n}: prediction')
-    if not own:                                  # one legend for both panels
-        fig.legend(*axes[0].get_legend_handles_labels(), loc='lower center',
-                   ncol=3, fontsize=11, frameon=False)
-    fig.tight_layout(rect=(0, 0 if own else 0.15, 1, 1))
-    return fig
+    if not own: fig.legend(*axes[0].get_legend_handles_labels(), ncol=3,
+                           loc='lower center', fontsize=11, frameon=False)
+    fig.tight_layout(rect=(0, 0 if own else 0.15, 1, 1)); return fig
 
 # %% ../nbs/07_finetuning.ipynb #021a2c0a
 def plot_factors(runs: dict, layers):

@@ -530,7 +530,8 @@ def test_notation_page_one_meaning_per_symbol(book):
 def test_explorer_readable_in_dark_mode(book):
     "The explorer's labels and its line of numbers stand out from a dark page."
     r = page_metrics.contrast(EXPLORER, ".widget-vbox .widget-label, .widget-vbox .widget-html, "
-                              ".widget-vbox .widget-readout, .widget-vbox label", dark=True)
+                              ".widget-vbox .widget-readout, .widget-vbox label, "
+                              ".widget-vbox button, .widget-vbox select", dark=True)
     assert r, "no widget text found on the explorer page"
     low = [x for x in r if x["ratio"] < 4.5]
     assert not low, f"text with a contrast below 4.5:1 in dark mode: {low[:5]}"
