@@ -20,30 +20,34 @@ HTML = ROOT / "_build" / "html"
 NOTATION = "nbs/notation"
 
 # TeX that is structure, not a symbol: operators, spacing, delimiters, fonts
-_STRUCT = set("""frac dfrac tfrac sum prod int lim max min sup inf arg argmin argmax
-log exp ln sqrt left right big Big bigg Bigg bigl bigr Bigl Bigr biggl biggr
-lVert rVert lvert rvert Vert vert langle rangle lceil rceil lfloor rfloor
-cdot cdots ldots dots vdots ddots times div pm mp circ odot otimes oplus star ast
-le leq ge geq ne neq approx sim simeq equiv propto ll gg to mapsto rightarrow
-leftarrow Rightarrow Leftarrow iff implies gets uparrow downarrow longrightarrow
-in notin subset subseteq supset supseteq cup cap setminus emptyset varnothing
-forall exists neg land lor wedge vee top intercal dagger prime partial nabla infty
-quad qquad text mathrm operatorname mathbb mathcal mathbf mathit mathsf mathtt
-boldsymbol bm textbf textit emph hat tilde bar widehat widetilde overline
-underline vec dot ddot check breve acute grave mathring overbrace underbrace
-begin end label tag nonumber notag displaystyle textstyle scriptstyle limits
-nolimits mid colon ldotp cdotp not tr det rank diag span ker dim
-big| mathop mathrel mathbin stackrel overset underset substack color
-hspace vspace phantom hphantom vphantom mkern kern mskip mbox hbox
-sin cos tan sinh cosh tanh sign sgn mod bmod pmod gcd Pr Var Cov
-lbrace rbrace lbrack rbrack backslash vdash models perp parallel
-triangleq coloneqq eqqcolon quad enspace thinspace negthinspace
+_STRUCT = set("""
+frac dfrac tfrac sum prod int lim max min sup inf arg argmin argmax log
+exp ln sqrt left right big Big bigg Bigg bigl bigr Bigl Bigr biggl biggr
+lVert rVert lvert rvert Vert vert langle rangle lceil rceil lfloor
+rfloor cdot cdots ldots dots vdots ddots times div pm mp circ odot
+otimes oplus star ast le leq ge geq ne neq approx sim simeq equiv propto
+ll gg to mapsto rightarrow leftarrow Rightarrow Leftarrow iff implies
+gets uparrow downarrow longrightarrow in notin subset subseteq supset
+supseteq cup cap setminus emptyset varnothing forall exists neg land lor
+wedge vee top intercal dagger prime partial nabla infty quad qquad text
+mathrm operatorname mathbb mathcal mathbf mathit mathsf mathtt
+boldsymbol bm textbf textit emph hat tilde bar widehat widetilde
+overline underline vec dot ddot check breve acute grave mathring
+overbrace underbrace begin end label tag nonumber notag displaystyle
+textstyle scriptstyle limits nolimits mid colon ldotp cdotp not tr det
+rank diag span ker dim big| mathop mathrel mathbin stackrel overset
+underset substack color hspace vspace phantom hphantom vphantom mkern
+kern mskip mbox hbox sin cos tan sinh cosh tanh sign sgn mod bmod pmod
+gcd Pr Var Cov lbrace rbrace lbrack rbrack backslash vdash models perp
+parallel triangleq coloneqq eqqcolon quad enspace thinspace negthinspace
 cases aligned align split matrix pmatrix bmatrix vmatrix array
 """.split())
-_GREEK = set("""alpha beta gamma delta epsilon varepsilon zeta eta theta vartheta
-iota kappa lambda mu nu xi pi varpi rho varrho sigma varsigma tau upsilon phi
-varphi chi psi omega Gamma Delta Theta Lambda Xi Pi Sigma Upsilon Phi Psi Omega
-ell""".split())
+_GREEK = set("""
+alpha beta gamma delta epsilon varepsilon zeta eta theta vartheta iota
+kappa lambda mu nu xi pi varpi rho varrho sigma varsigma tau upsilon phi
+varphi chi psi omega Gamma Delta Theta Lambda Xi Pi Sigma Upsilon Phi
+Psi Omega ell
+""".split())
 _DECOR = {"hat", "tilde", "bar", "widehat", "widetilde", "overline", "vec",
           "mathbf", "boldsymbol", "bm", "mathcal", "dot"}
 _NAMES = {"text", "mathrm", "operatorname", "textbf", "textit", "mathit",
@@ -125,7 +129,8 @@ def usage(html=HTML) -> dict:
 
 def _index_form(tex: str) -> list:
     """The symbols of a notation-table cell with their indices, index letters
-    made generic (`a_k`, `a_i` -> `a_•`), so two rows naming one are found."""
+    made generic (`a_k`, `a_i` -> `a_•`), so two rows naming one are
+    found."""
     out = []
     for part in _top_level(tex):
         part = part.split("=")[0].strip()
@@ -197,7 +202,8 @@ def table(html=HTML) -> str:
     have, rows = listed(html), []
     for s, docs in sorted(usage(html).items(), key=lambda kv: kv[0].lower()):
         pages = ", ".join(Path(d).name for d in docs if d != NOTATION)
-        rows.append(f"| ${s}$ | {'yes' if s in have else '**no**'} | {pages} |")
+        on = 'yes' if s in have else '**no**'
+        rows.append(f"| ${s}$ | {on} | {pages} |")
     return "\n".join(["| symbol | on the notation page | pages |",
                       "|---|---|---|", *rows])
 
