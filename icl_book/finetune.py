@@ -439,7 +439,7 @@ NAMES = {'example_grad': r'$\nabla\ell_{i+1}(W)$ (chosen)',
 def _legend_below(ax, ncol: int = 2, **kw) -> None:
     "A legend under the axes, off the data."
     ax.legend(loc='upper center', bbox_to_anchor=(0.5, -0.2), ncol=ncol,
-              fontsize=10, frameon=False, **kw)
+              fontsize=11, frameon=False, **kw)
 
 def _plot_losses(ax, L: dict, title: str, legend: bool = True) -> None:
     "Test MSE against the number of examples: implicit, explicit, baselines."
@@ -498,19 +498,20 @@ def _plot_function(ax, al: dict, title: str, legend: bool = True) -> None:
            xlabel=r"explicit: $f_{W'_{i+1}}(x_q) - f_{W'_i}(x_q)$",
            ylabel=r'implicit: $\hat y_{i+1} - \hat y_i$', title=title)
     if legend: _legend_below(ax, ncol=1)
-def plot_finetuning(losses: dict, runs: dict):
-    "Figure: test loss vs n; token-wise cosines with nulls; function space."
+def plot_finetuning(losses: dict, runs: dict, row: str = 'loss'):
+    "Figure, both settings side by side: test loss, cosines or function space."
     import matplotlib.pyplot as plt
     from icl_book.core import set_style
-    set_style()
-    fig, axes = plt.subplots(3, 2, figsize=(9, 14))
-    for col, key in zip(axes.T, ('plain', 'preln')):
-        name = runs[key]['name']
-        _plot_losses(col[0], losses[name], f'{name}: test loss')
-        _plot_cosines(col[1], runs[key], f'{name}: alignment per token')
-        _plot_function(col[2], runs[key], f'{name}: change of the prediction')
-    fig.tight_layout(h_pad=2)
-    return fig
+    set_style(); fig, axes = plt.subplots(1, 2, figsize=(8, 4.6))
+    own = row == 'function'                      # its labels differ per panel
+    for ax, key in zip(axes, ('plain', 'preln')):
+        r, n = runs[key], runs[key]['name']
+        if row == 'loss': _plot_losses(ax, losses[n], f'{n}: test loss', own)
+        elif row == 'cosine': _plot_cosines(ax, r, f'{n}: per token', legend=own)
+        else: _plot_function(ax, r, f'{n}: prediction')
+    if not own: fig.legend(*axes[0].get_legend_handles_labels(), ncol=3,
+                           loc='lower center', fontsize=11, frameon=False)
+    fig.tight_layout(rect=(0, 0 if own else 0.15, 1, 1)); return fig
 
 # %% ../nbs/07_finetuning.ipynb #021a2c0a
 def plot_factors(runs: dict, layers):
@@ -532,7 +533,7 @@ def plot_factors(runs: dict, layers):
     b.set(xlabel=r'left: $\cos(W(A_{i+1}-A_i), -\rho_{i+1})$', ylabel='density',
           title='(b) hidden-space factors')
     for ax in (a, b): _legend_below(ax)
-    l = range(len(layers))
+    l = range(1, len(layers) + 1)
     c.errorbar(l, layers['null_median'], 2 * layers['null_sd'], fmt='none',
                color='0.5', capsize=3, label='null ± 2 sd')
     c.plot(l, layers['median'], 'C0o-', ms=4, label='median cosine')

@@ -340,12 +340,13 @@ def plot_training(logs: dict, ref: dict):
     import matplotlib.pyplot as plt
     from icl_book.core import set_style
     set_style()
-    fig, ax = plt.subplots(figsize=(6.4, 4))
+    fig, ax = plt.subplots(figsize=(8, 4))
     for k, (name, rec) in enumerate(logs.items()):
         lg = rec['log']
         ax.plot(lg['step'], lg['test_ctx'], color=f'C{k}', label=name)
     ax.axhline(ref['ridge'], color='k', ls='-.', lw=1, label='ridge (Bayes)')
     ax.axhline(ref['zero'], color='k', ls=':', lw=1, label='predict 0')
     ax.set(yscale='log', xlabel='training step', ylabel='test MSE (with context)')
-    ax.legend(fontsize=10); fig.tight_layout()
+    ax.legend(fontsize=10, loc='upper left', bbox_to_anchor=(1.01, 1))
+    fig.tight_layout()             # the legend right of the axes, off the curves
     return fig

@@ -38,8 +38,83 @@ MEASURE = r"""
                  clipped: clip, text: (el.textContent || '').trim().slice(0, 60)});
     }
   }
-  report({height: document.documentElement.scrollHeight, width: innerWidth, wide: wide});
+  const over = [...document.querySelectorAll('.bd-article *')].filter(e => e.offsetParent && e.getBoundingClientRect().right > innerWidth + 1
+      && ![...(function* () { for (let p = e.parentElement; p; p = p.parentElement) yield p; })()].some(p => /(auto|scroll|hidden)/.test(getComputedStyle(p).overflowX)))
+    .slice(0, 3).map(e => e.tagName.toLowerCase() + ': ' + (e.textContent || '').trim().slice(0, 50));
+  report({height: document.documentElement.scrollHeight, width: innerWidth, wide: wide,
+          page_width: document.documentElement.scrollWidth, beyond: over});
 """
+
+
+# What a reader of the typeset page would see wrong, in one pass (1400 px):
+# tables wider than the article's column (cut off or scrolled out of view),
+# formulas MathJax could not typeset (an error, or an undefined macro that
+# it shows in red), and TeX source left in the text outside any formula.
+CHECKS = r"""
+  const art = document.querySelector('.bd-article') || document.body;
+  const cs = getComputedStyle(art);
+  const col = art.clientWidth - parseFloat(cs.paddingLeft) - parseFloat(cs.paddingRight);
+  const label = t => {
+    const f = t.closest('figure'), n = f && f.querySelector('.caption-number');
+    const h = [...t.querySelectorAll('th')].map(x => x.textContent.trim()).filter(Boolean).slice(0, 3).join(' | ');
+    return (n ? n.textContent.trim().replace(/\s+$/, '') + ': ' : '') + h.slice(0, 60);
+  };
+  const tables = [];
+  for (const t of art.querySelectorAll('table')) {
+    if (!t.offsetParent || t.closest('.widget-vbox, .jupyter-widgets')) continue;
+    const w = Math.max(t.getBoundingClientRect().width, t.scrollWidth);
+    if (w > col + 1) tables.push({table: label(t), width: Math.round(w), column: Math.round(col)});
+  }
+  const math = [];
+  for (const c of document.querySelectorAll('mjx-container')) {
+    const red = c.querySelector('mjx-merror, [style*="color: red"], [mathcolor="red"]');
+    if (red) {
+      const mml = c.querySelector('mjx-assistive-mml');
+      const bad = [...c.querySelectorAll('[mathcolor="red"], merror')].map(e => e.textContent.trim());
+      math.push((bad.join(' ') || 'error') + ' in: ' + (mml ? mml.textContent : c.textContent).trim().slice(0, 60));
+    }
+  }
+  // (docstrings on the API page are plain text that writes x_{i+1} on purpose)
+  const tex = [], skip = 'mjx-container, pre, code, script, style, .highlight, .MathJax, mjx-assistive-mml, .math, dl.py';
+  const walker = document.createTreeWalker(art, NodeFilter.SHOW_TEXT);
+  const re = /\\[A-Za-z]{2,}|\$|\\\(|\\\[|[_^]\{/;
+  for (let n = walker.nextNode(); n; n = walker.nextNode()) {
+    const p = n.parentElement;
+    if (!p || p.closest(skip) || !p.offsetParent) continue;
+    const m = n.textContent.match(re);
+    if (m) { const i = n.textContent.indexOf(m[0]);
+             tex.push(n.textContent.slice(Math.max(0, i - 30), i + 30).replace(/\s+/g, ' ').trim()); }
+  }
+  report({tables, math, tex, column: Math.round(col)});
+"""
+
+
+CONTRAST = r"""
+  const lum = c => { const v = c.match(/[\d.]+/g).slice(0, 3).map(x => x / 255)
+      .map(x => x <= 0.03928 ? x / 12.92 : ((x + 0.055) / 1.055) ** 2.4);
+    return 0.2126 * v[0] + 0.7152 * v[1] + 0.0722 * v[2]; };
+  const bg = e => { for (let p = e; p; p = p.parentElement) { const c = getComputedStyle(p).backgroundColor;
+      const a = c.match(/[\d.]+/g); if (a && (a.length < 4 || +a[3] > 0.5)) return c; }
+    return 'rgb(255, 255, 255)'; };
+  const out = [];
+  for (const e of document.querySelectorAll(SELECTOR)) {
+    if (!e.offsetParent || !e.textContent.trim()) continue;
+    const a = lum(getComputedStyle(e).color), b = lum(bg(e));
+    out.push({text: e.textContent.trim().slice(0, 40), ratio: (Math.max(a, b) + 0.05) / (Math.min(a, b) + 0.05)});
+  }
+  report(out);
+"""
+
+
+def contrast(doc, selector, width=1400, dark=False):
+    "Contrast ratio (WCAG) of the text of every visible `selector` element."
+    return probe(doc, CONTRAST.replace("SELECTOR", repr(selector)), width,
+                 wait_ms=4000, dark=dark)
+
+
+def checks(doc, width=1400):
+    "Tables wider than the column, MathJax errors and raw TeX of page `doc`."
+    return probe(doc, CHECKS, width, wait_ms=2500)
 
 
 def chromium():
@@ -71,9 +146,10 @@ def _framed(page, src, width, height):
 
 
 def _dark(html: str) -> str:
-    "The page in the theme's dark mode."
-    return (html.replace('data-theme="light"', 'data-theme="dark"')
-                .replace('data-mode=""', 'data-mode="dark"'))
+    "The page in the theme's dark mode (the theme reads it from localStorage)."
+    force = ("<script>localStorage.setItem('mode', 'dark');"
+             "localStorage.setItem('theme', 'dark');</script>")
+    return html.replace("<head>", "<head>" + force, 1)
 
 
 def probe(doc, js, width=1400, wait_ms=4000, dark=False):
