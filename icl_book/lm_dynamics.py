@@ -5,25 +5,36 @@
 # %% ../nbs/11e_lm_dynamics.ipynb #c00211e
 from __future__ import annotations
 import math, time, weakref
+from contextlib import ExitStack, contextmanager
 from typing import Optional
 import torch
 from .core import rel_err
 from .blocks import RankOne
 from .deep import PATCH_MODES
-from .hf import (HFPatch, LayerPatch, context_patches,
-                         token_updates_loop, accepts_kwarg, check_ids,
-                         check_length, check_model,
-                         closed_loop_pass, model_dtype, refuse_mismatch, with_context_pass, SELF_CHECK_TOL)
+from .families import linear_weight
+from .hf import (HFPatch, LayerPatch, SELF_CHECK_TOL, accepts_kwarg,
+                         check_ids, check_length, check_model,
+                         closed_loop_pass, context_patches, model_dtype,
+                         patched, refuse_mismatch, with_context_pass)
 from .weights import load_pretrained
 from .convergence import tail_slope
 from .compress import load_task
 
 # %% auto #0
-__all__ = ['PROMPT_KINDS', 'PASSAGE', 'prefix_patches', 'prefix_updates', 'bench_hf_trajectory', 'convergence_prompt',
-           'readme_prose', 'layer_summary', 'log_bins', 'plot_convergence', 'capital_prompt', 'example_scores',
-           'roc_auc', 'bootstrap_auc', 'monitor_prompt', 'monitor_summary', 'plot_monitor_lm']
+__all__ = ['PARTS', 'PROMPT_KINDS', 'PASSAGE', 'prefix_patches', 'default_part', 'prefix_updates', 'bench_hf_trajectory',
+           'convergence_prompt', 'readme_prose', 'layer_summary', 'log_bins']
 
 # %% ../nbs/11e_lm_dynamics.ipynb #c00511e
+def _window(ad, model) -> tuple:
+    "(w, per-layer kinds): the sliding window (or None) and layer types."
+    cfg, L = model.config, len(ad.layers)
+    win = None
+    if getattr(cfg, 'use_sliding_window', True) is not False:
+        win = getattr(cfg, 'sliding_window', None)
+    kinds = list(getattr(cfg, 'layer_types', None) or
+                 ['sliding_attention' if win else 'full_attention'] * L)
+    return (win if 'sliding_attention' in kinds else None), kinds
+
 def _check_prefix_model(ad, model, n: int, q: int) -> None:
     "Refuse what the one-pass construction does not describe."
     cfg = model.config
@@ -33,34 +44,31 @@ def _check_prefix_model(ad, model, n: int, q: int) -> None:
             f"the {ad.name} attends in both directions, so its context "
             "states depend on later tokens and no single pass gives every "
             "prefix's patches: call context_patches once per prefix")
-    if getattr(ad.family, 'moe', None):
-        raise TypeError(
-            f"the {ad.name} is a mixture of experts: its patches go on 3-D "
-            "expert tensors, applied position by position, which the one "
-            "pass does not batch: use token_updates(..., method='loop')")
     if not accepts_kwarg(ad.base, 'position_ids'):
         raise TypeError(
             f"the {ad.name} takes no position_ids, which the one pass needs "
             "to place each query copy after its prefix: use "
             "token_updates(..., method='loop')")
-    win = None
-    if getattr(cfg, 'use_sliding_window', True) is not False:
-        win = getattr(cfg, 'sliding_window', None)
-    if 'local' in (getattr(cfg, 'attention_layers', None) or ()):
-        win = getattr(cfg, 'window_size', None)
-    if win is not None and n + q > win:
+    local = 'local' in (getattr(cfg, 'attention_layers', None) or ())
+    if local and n + q > getattr(cfg, 'window_size', n + q):
         raise ValueError(
-            f"the {ad.name} attends within a sliding window of {win} tokens "
-            f"but context + query have {n + q}: the one-pass mask has no "
-            "window, so shorten the prompt or use method='loop'")
+            f"the {ad.name}'s local layers attend within a window of "
+            f"{cfg.window_size} tokens that its own code applies, not the "
+            f"mask, and context + query have {n + q}: shorten the prompt or "
+            "use method='loop'")
 
-def _pack_mask(n: int, lo: int, m: int, q: int, dtype, device):
+def _pack_mask(n: int, lo: int, m: int, q: int, dtype, device,
+               window: Optional[int] = None):
     "Additive mask (1, 1, m q, n + m q): copy k sees c_1..lo+k and itself."
     i = torch.arange(lo, lo + m, device=device).repeat_interleave(q)
     t = torch.arange(q, device=device).repeat(m)              # (m q,)
     k = torch.arange(m, device=device).repeat_interleave(q)
-    see_c = torch.arange(n, device=device)[None] < i[:, None]  # (mq, n)
+    j = torch.arange(n, device=device)[None]
+    see_c = j < i[:, None]                                     # (mq, n)
     see_q = (k[:, None] == k[None]) & (t[None] <= t[:, None])  # (mq, mq)
+    if window is not None:            # the key within `window` positions
+        see_c &= (i + t)[:, None] - j < window
+        see_q &= t[:, None] - t[None] < window
     ok = torch.cat([see_c, see_q], 1)
     return torch.zeros(ok.shape, dtype=dtype, device=device).masked_fill(
         ~ok, torch.finfo(dtype).min)[None, None]
@@ -68,10 +76,16 @@ def _pack_mask(n: int, lo: int, m: int, q: int, dtype, device):
 # %% ../nbs/11e_lm_dynamics.ipynb #c00911e
 _BUDGET = 2 ** 25          # numbers held per chunk (factors, scores)
 
+def _numel(t) -> int:
+    "Factor numbers per position of a map: its rows and columns."
+    w = getattr(t, 'weight', t)
+    return w.shape[:-1].numel() + w.shape[-1]
+
 def _chunk_size(ad, n: int, q: int) -> int:
     "Prefixes per batched pass, so factors and scores stay under _BUDGET."
-    per = q * sum(sum(m.weight.shape) for lay in ad.layers
-                  for m in (*lay.first, lay.last))
+    per = q * sum(_numel(m) for lay in ad.layers for m in
+                  (*lay.first, *(lay.last if lay.moe is not None
+                                 else (lay.last,))))
     return max(1, min(n, _BUDGET // max(per, q * (n + q))))
 
 def _check_first(ad, context_ids, query_ids, ctx) -> None:
@@ -87,8 +101,122 @@ def _check_first(ad, context_ids, query_ids, ctx) -> None:
             "token_updates(..., method='loop')")
 
 # %% ../nbs/11e_lm_dynamics.ipynb #c01011e
+def _packed_mask(ad, model, n: int, lo: int, m: int, q: int, dt, dev):
+    "The copies' mask: one tensor, or one per layer kind if windows cut."
+    win, kinds = _window(ad, model)
+    full = _pack_mask(n, lo, m, q, dt, dev)
+    if win is None or n + q <= win: return full    # no window cuts
+    slide = _pack_mask(n, lo, m, q, dt, dev, win)
+    if set(kinds) == {'sliding_attention'}: return slide
+    return {'full_attention': full, 'sliding_attention': slide}
+
+@contextmanager
+def _alibi(ad, mask, keypos):
+    """Falcon's ALiBi at each packed key's own position: the blocks get it
+    (and the mask) by a hook; the model itself gets a 2-D mask of ones."""
+    if ad.family.name != 'falcon' or not getattr(ad.base.config, 'alibi',
+                                                 False):
+        yield None; return
+    from transformers.models.falcon.modeling_falcon import build_alibi_tensor
+    cfg, dev = ad.base.config, keypos.device
+    H, dt = cfg.num_attention_heads, mask.dtype
+    s = build_alibi_tensor(torch.ones(1, 2, dtype=torch.long, device=dev),
+                           H, torch.float32)[:, 0, 1]   # bfloat16 slopes
+    al = (s.bfloat16()[:, None] * keypos[None]).to(dt)[:, None]  # (H,1,L)
+    am = (al[None] / math.sqrt(cfg.hidden_size // H)).masked_fill(
+        mask < -1, torch.finfo(dt).min)         # as FalconModel builds it
+    hook = lambda m, a, kw: (a, {**kw, 'alibi': al, 'attention_mask': am})
+    with ExitStack() as st:
+        for lay in ad.layers:
+            st.callback(lay.block.register_forward_pre_hook(
+                hook, with_kwargs=True).remove)
+        yield torch.ones(1, keypos.numel(), dtype=torch.long, device=dev)
+
+def _packed(ad, model, cache, key: str, ids, pos, n: int, lo: int) -> list:
+    "With-context records (m, q, ·) of the m query copies after the cache."
+    (m, q), dev = ids.shape, ids.device
+    mask = _packed_mask(ad, model, n, lo, m, q, model_dtype(ad), dev)
+    keypos = torch.cat([torch.arange(n, device=dev), pos.reshape(-1)])
+    with _alibi(ad, mask, keypos) as ones:
+        ctx = with_context_pass(
+            ad, ids.reshape(1, m * q), mask if ones is None else ones, 0,
+            use_cache=True, position_ids=pos.reshape(1, m * q),
+            **{key: cache})
+    cache.crop(-m * q)                              # drop the copies
+    return [{k: v.reshape(m, q, v.shape[-1]) for k, v in c.items()}
+            for c in ctx]
+
+# %% ../nbs/11e_lm_dynamics.ipynb #c01012e
+@contextmanager
+def _skipped(mod):
+    "Inside, `mod` returns zeros of its output's shape (nothing computed)."
+    width = linear_weight(mod).shape[0]
+    mod.forward = lambda x: x.new_zeros(*x.shape[:-1], width)
+    try: yield
+    finally: del mod.forward                    # the class's forward again
+
+def _feed(z: torch.Tensor):
+    "A block pre-hook replacing the block's input by z."
+    def hook(m, a, kw):
+        if a: return (z.to(a[0].dtype), *a[1:]), kw
+        return a, {**kw, 'hidden_states': z.to(kw['hidden_states'].dtype)}
+    return hook
+
+def _open_loop(ad, ctx: list, ids, pos, mode: str) -> list:
+    """Every copy's patches in open loop: the closed loop's hooks, each block
+    fed its with-context input; the MLP's last product (the patch knows its
+    result) is skipped where nothing after it is read."""
+    skip = ad.family.post is None and ad.family.moe is None
+    with ExitStack() as st:
+        for l in range(1, len(ad.layers)):
+            st.callback(ad.layers[l].block.register_forward_pre_hook(
+                _feed(ctx[l - 1]['out']), with_kwargs=True).remove)
+        if skip:
+            for lay in ad.layers: st.enter_context(_skipped(lay.last))
+        layers, _ = closed_loop_pass(ad, ctx, ids, None, pos, mode)
+    return layers
+
+# %% ../nbs/11e_lm_dynamics.ipynb #c01013e
+def _rows(t, r):
+    "Rows r of a factor, a tensor or None."
+    if t is None: return None
+    return RankOne(t.u[r], t.v[r]) if isinstance(t, RankOne) else t[r]
+
+def _sample_check(ad, model, ctx, layers, ids, pos, mode, rows) -> tuple:
+    """The closed-loop self-check at copies `rows`: the patched query alone,
+    per layer the largest relative error against the with-context output."""
+    P = HFPatch(tuple(LayerPatch(tuple(_rows(r, rows) for r in p.dW),
+                                 *(_rows(t, rows) for t in p[1:]))
+                      for p in layers), 0, mode, ad.name, ad.family.name,
+                ids[rows], pos[rows], None, (), weakref.ref(ad.base))
+    outs = {}
+    def keep(l):                               # records, returns None
+        def hook(m, a, o):
+            outs.setdefault(l, o[0] if isinstance(o, (tuple, list)) else o)
+        return hook
+    with patched(model, P), ExitStack() as st:
+        for l, lay in enumerate(ad.layers):
+            st.callback(lay.block.register_forward_hook(keep(l)).remove)
+        kw = dict(use_cache=False) if accepts_kwarg(ad.base,
+                                                    'use_cache') else {}
+        ad.base(input_ids=ids[rows], **kw)
+    return tuple(max(rel_err(outs[l][k], ctx[l]['out'][r])
+                     for k, r in enumerate(rows)) for l in range(len(outs)))
+
+def _sample(n: int, check, seed: int) -> Optional[list]:
+    "Prefix lengths the self-check runs on: 1, n and `check` random ones."
+    if check == 'all': return None
+    if isinstance(check, bool) or not isinstance(check, int) or check < 0:
+        raise ValueError(f"check must be 'all' or the number k >= 0 of "
+                         f"random prefixes checked besides the first and "
+                         f"the last, got {check!r}")
+    g = torch.Generator().manual_seed(seed)
+    mid = (torch.randperm(max(n - 2, 0), generator=g)[:check] + 2).tolist()
+    return sorted({1, n, *mid})
+
+# %% ../nbs/11e_lm_dynamics.ipynb #c01014e
 def _prefix_chunks(model, context_ids, query_ids, mode: str = 'rank1',
-                   chunk: Optional[int] = None, check: bool = True):
+                   chunk: Optional[int] = None, check=8, seed: int = 0):
     "Yield (lo, layers, errors): patches of prefixes c_1..lo .. c_1..lo+m-1."
     if (isinstance(context_ids, torch.Tensor) and context_ids.dim() == 2
             and context_ids.shape[0] != 1):
@@ -102,31 +230,32 @@ def _prefix_chunks(model, context_ids, query_ids, mode: str = 'rank1',
     n, q = context_ids.shape[1], query_ids.shape[1]
     check_length(model, ad, n, q)
     _check_prefix_model(ad, model, n, q)
+    sample = _sample(n, check, seed)
     if chunk is None: chunk = _chunk_size(ad, n, q)
     if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
         raise ValueError(f"chunk must be a positive integer, got {chunk!r}")
-    dev, dt = query_ids.device, model_dtype(ad)
+    from transformers import DynamicCache     # every layer keeps every key
     key = 'cache' if accepts_kwarg(ad.base, 'cache') else 'past_key_values'
+    dev, cache = query_ids.device, DynamicCache()
     with torch.no_grad():
-        out = ad.base(input_ids=context_ids, use_cache=True)
-        cache = out[key] if key in out else out.past_key_values  # C's k, v
+        ad.base(input_ids=context_ids, use_cache=True, **{key: cache})
         for lo in range(1, n + 1, chunk):
             m = min(chunk, n + 1 - lo)
             pos = (torch.arange(lo, lo + m, device=dev)[:, None]
                    + torch.arange(q, device=dev))            # (m, q)
             ids = query_ids.expand(m, q)
-            ctx = with_context_pass(
-                ad, ids.reshape(1, m * q), _pack_mask(n, lo, m, q, dt, dev),
-                0, use_cache=True, position_ids=pos.reshape(1, m * q),
-                **{key: cache})
-            cache.crop(-m * q)                          # drop the copies
-            ctx = [{k: v.reshape(m, q, v.shape[-1]) for k, v in c.items()}
-                   for c in ctx]                        # (m, q, ·)
-            if check and lo == 1:
-                _check_first(ad, context_ids, query_ids, ctx)
-            layers, errs = closed_loop_pass(ad, ctx, ids, None, pos, mode)
-            if check: refuse_mismatch(ad, errs)
-            yield lo, layers, errs
+            ctx = _packed(ad, model, cache, key, ids, pos, n, lo)
+            if lo == 1: _check_first(ad, context_ids, query_ids, ctx)
+            if sample is None:                  # the closed loop, every copy
+                layers, errs = closed_loop_pass(ad, ctx, ids, None, pos,
+                                                mode)
+            else:
+                layers = _open_loop(ad, ctx, ids, pos, mode)
+                rows = [i - lo for i in sample if lo <= i < lo + m]
+                errs = rows and _sample_check(ad, model, ctx, layers, ids,
+                                              pos, mode, rows)
+            if errs: refuse_mismatch(ad, errs)
+            yield lo, layers, errs or None
 
 # %% ../nbs/11e_lm_dynamics.ipynb #c01211e
 def _cat(xs):
@@ -139,12 +268,16 @@ def _cat(xs):
 
 def prefix_patches(model, context_ids: torch.Tensor, query_ids: torch.Tensor,
                    mode: str = 'rank1', chunk: Optional[int] = None,
-                   check: bool = True) -> HFPatch:
-    "The patches of every prefix c_1..i in one pass: row i-1 of (n, q)."
+                   check=8, seed: int = 0) -> HFPatch:
+    """The patches of every prefix c_1..i in one pass: row i-1 of (n, q).
+    Open loop, self-checked in closed loop on prefixes 1, n and `check`
+    random ones (drawn with `seed`), or on all with check='all'; `errors`:
+    per layer the largest error the check found."""
     parts, errs = [], []
     for _, layers, e in _prefix_chunks(model, context_ids, query_ids, mode,
-                                       chunk, check):
-        parts.append(layers); errs.append(e)
+                                       chunk, check, seed):
+        parts.append(layers)
+        if e: errs.append(e)
     ad, (n, q) = check_model(model), (context_ids.shape[1],
                                         query_ids.shape[1])
     layers = tuple(LayerPatch(
@@ -178,39 +311,95 @@ def _join(ps: list) -> list:
         return [RankOne(torch.cat([p.u for p in ps], -1), ps[0].v)]
     return ps
 
+PARTS = {'first': "the first MLP matrices (router and experts in a MoE)",
+         'last': "the MLP's last matrix", 'post': "the norm after the MLP"}
+
+def default_part(ad) -> str:
+    "What carries the context: last matrix (parallel), norm (post-norm)."
+    return {'parallel': 'last', 'post-norm': 'post'}.get(
+        ad.family.pattern, 'first')
+
+def _factors(ad, l: int, p, part: str) -> list:
+    "The measured change at the query's last token, factors (m, ·)."
+    last = lambda r: RankOne(r.u[:, -1], r.v[:, -1])
+    if part == 'first': return _join([last(r) for r in p.dW])
+    if part == 'last': return [last(p.dW_out)]
+    s = ad.family.post_offset + ad.layers[l].post.weight    # the scale
+    u = p.ds_post[:, -1] * s.to(p.ds_post.dtype)            # its change
+    return [RankOne(u, torch.ones_like(u[:, :1]))]
+
+# %% ../nbs/11e_lm_dynamics.ipynb #c01812e
+def _check_part(ad, part) -> str:
+    "The part to measure: a key of PARTS the family has, or its default."
+    part = default_part(ad) if part is None else part
+    if part not in PARTS:
+        raise ValueError(f"part must be one of {tuple(PARTS)}, got {part!r}")
+    has = dict(first=True, last=ad.family.post is None,
+               post=ad.family.post is not None)
+    if not has[part]:
+        raise ValueError(
+            f"the {ad.name} has no patch of {PARTS[part]} (its context goes "
+            f"into {PARTS[default_part(ad)]}): use part="
+            f"{default_part(ad)!r}")
+    return part
+
 def prefix_updates(model, context_ids: torch.Tensor, query_ids: torch.Tensor,
-                   chunk: Optional[int] = None) -> torch.Tensor:
-    "(n, L) float64: ||ΔW(c_1..i) - ΔW(c_1..i-1)||_F, in one pass."
-    out, prev = [], None
-    for _, layers, _ in _prefix_chunks(model, context_ids, query_ids,
-                                       chunk=chunk):
-        last = [_join([RankOne(r.u[:, -1], r.v[:, -1]) for r in lay.dW])
-                for lay in layers]                  # (m, H), (m, d)
+                   chunk: Optional[int] = None, part: Optional[str] = None,
+                   check=8, seed: int = 0, return_errors: bool = False):
+    """(n, L) float64: ||ΔW(c_1..i) - ΔW(c_1..i-1)||_F, in one pass, of the
+    map that carries the context: by default the first MLP matrices
+    (pre-norm and MoE), the last one (parallel blocks: the MLP reads the
+    block's input) or the norm scale after the MLP (post-norm); `check`,
+    `seed` as prefix_patches; `return_errors`: (U, the check's errors)."""
+    ad = check_model(model)
+    part, out, prev, errs = _check_part(ad, part), [], None, []
+    for _, layers, e in _prefix_chunks(model, context_ids, query_ids,
+                                       chunk=chunk, check=check, seed=seed):
+        if e: errs.append(e)
+        last = [_factors(ad, l, p, part) for l, p in enumerate(layers)]
         if prev is None:                            # ΔW(empty) = 0
             prev = [[RankOne(torch.zeros_like(r.u[:1]), r.v[:1])
                      for r in ps] for ps in last]
         out.append(torch.stack([_steps(ps, pp)
                                 for ps, pp in zip(last, prev)], 1))
         prev = [[RankOne(r.u[-1:], r.v[-1:]) for r in ps] for ps in last]
-    return torch.cat(out)                           # (n, L)
+    U = torch.cat(out)                               # (n, L)
+    return (U, tuple(map(max, zip(*errs)))) if return_errors else U
 
 # %% ../nbs/11e_lm_dynamics.ipynb #c02611e
-def _loop_step(model, C, x, i: int, prev=None) -> tuple:
+def _loop_step(model, C, x, i: int, part: str, prev=None) -> tuple:
     "The loop's step (L,) at prefix i, its factors, and (length, seconds)."
     t0 = time.perf_counter()
     p = context_patches(model, C[:, :i], x)
-    dt = time.perf_counter() - t0
-    now = [[RankOne(r.u[0, -1:], r.v[0, -1:]) for r in lay.dW]
-           for lay in p.layers]
+    dt, ad = time.perf_counter() - t0, check_model(model)
+    now = [_factors(ad, l, lp, part) for l, lp in enumerate(p.layers)]
     if prev is None:
         prev = [[RankOne(torch.zeros_like(r.u), r.v) for r in ps]
                 for ps in now]
     step = torch.stack([_steps(a, b)[0] for a, b in zip(now, prev)])
     return step, now, (i, dt)
 
+def _loop_time(model, C, x, U, n: int, k: int) -> tuple:
+    "The loop's time extrapolated from k prefixes, and its largest diff."
+    part, pts, diffs = default_part(check_model(model)), [], []
+    for i in sorted({round(1 + j * (n - 1) / (k - 1)) for j in range(k)}):
+        prev = None
+        if i > 1:
+            _, prev, t = _loop_step(model, C, x, i - 1, part); pts.append(t)
+        step, _, t = _loop_step(model, C, x, i, part, prev); pts.append(t)
+        diffs.append(rel_err(U[i - 1], step))
+    L_, T_ = (torch.tensor(v, dtype=torch.float64) for v in zip(*pts))
+    b = ((L_ - L_.mean()) * (T_ - T_.mean())).sum() / (
+        (L_ - L_.mean()) ** 2).sum()
+    a = T_.mean() - b * L_.mean()
+    return (n * a + b * n * (n + 1) / 2).item(), len(pts), a, b, max(diffs)
+
+# %% ../nbs/11e_lm_dynamics.ipynb #c02613e
 def bench_hf_trajectory(n: int = 512, loop_prefixes: int = 8,
-                        repeats: int = 1, seed: int = 0, model=None) -> dict:
-    "One pass vs the loop of context_patches vs one forward, on SmolLM2."
+                        repeats: int = 1, seed: int = 0, model=None,
+                        check: int = 8) -> dict:
+    """One pass (open loop, `check` sampled) vs the closed loop on every
+    prefix vs the loop of context_patches vs one forward, side by side."""
     for k, v in dict(n=n, loop_prefixes=loop_prefixes,
                      repeats=repeats).items():
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
@@ -225,42 +414,33 @@ def bench_hf_trajectory(n: int = 512, loop_prefixes: int = 8,
     V = model.get_input_embeddings().weight.shape[0]
     ids = torch.randint(0, V, (1, n + 1), generator=g)
     C, x = ids[:, :n], ids[:, n:]
-
-    def timed(f):
-        t0 = time.perf_counter(); r = f()
-        return r, time.perf_counter() - t0
-
-    med = lambda ts: sorted(ts)[len(ts) // 2]
-    ones, fwds = [], []
+    runs = dict(one=lambda: prefix_updates(model, C, x, check=check,
+                                           return_errors=True),
+                closed=lambda: prefix_updates(model, C, x, check='all'),
+                fwd=lambda: model(ids))
+    ts, out = {k: [] for k in runs}, {}
     with torch.no_grad():
         prefix_updates(model, C[:, :4], x); model(ids[:, :8])  # warm-up
         for _ in range(repeats):                 # interleaved, side by side
-            U, t = timed(lambda: prefix_updates(model, C, x)); ones.append(t)
-            fwds += [timed(lambda: model(ids))[1] for _ in range(2)]
-    one, fwd = med(ones), med(fwds)
-    pts, diffs = [], []
-    for i in sorted({round(1 + k * (n - 1) / (loop_prefixes - 1))
-                     for k in range(loop_prefixes)}):
-        prev = None
-        if i > 1:
-            _, prev, t = _loop_step(model, C, x, i - 1); pts.append(t)
-        step, _, t = _loop_step(model, C, x, i, prev); pts.append(t)
-        diffs.append(rel_err(U[i - 1], step))
-    L_, T_ = (torch.tensor(v, dtype=torch.float64) for v in zip(*pts))
-    b = ((L_ - L_.mean()) * (T_ - T_.mean())).sum() / (
-        (L_ - L_.mean()) ** 2).sum()
-    a = T_.mean() - b * L_.mean()
-    loop = (n * a + b * n * (n + 1) / 2).item()
+            for k, f in runs.items():
+                t0 = time.perf_counter(); out[k] = f()
+                ts[k].append(time.perf_counter() - t0)
+    one, closed, fwd = (sorted(v)[len(v) // 2] for v in ts.values())
+    (U, errs), U_all = out['one'], out['closed']
+    loop, calls, a, b, diff = _loop_time(model, C, x, U, n, loop_prefixes)
     return dict(model=name, n=n, query=1, repeats=repeats,
-                threads=torch.get_num_threads(),
-                onepass_s=round(one, 4), forward_s=round(fwd, 4),
-                loop_s=round(loop, 2), loop_timed_calls=len(pts),
+                threads=torch.get_num_threads(), check_prefixes=len(
+                    _sample(n, check, seed)), onepass_s=round(one, 4),
+                closed_s=round(closed, 4), forward_s=round(fwd, 4),
+                loop_s=round(loop, 2), loop_timed_calls=calls,
                 loop_fit=dict(a_s=round(a.item(), 5),
                               b_s_per_token=round(b.item(), 7)),
                 speedup=round(loop / one, 1),
                 forward_ratio=round(one / fwd, 2),
-                max_rel_diff=float(f"{max(diffs):.2e}"),
-                goal=dict(speedup=50, forward_ratio=3.0, at_n=512))
+                forward_ratio_closed=round(closed / fwd, 2),
+                check_max_err=float(f"{max(errs):.2e}"),
+                open_vs_closed=float(f"{rel_err(U, U_all):.2e}"),
+                max_rel_diff=float(f"{diff:.2e}"))
 
 # %% ../nbs/11e_lm_dynamics.ipynb #c03111e
 PROMPT_KINDS = ('prose', 'few-shot', 'repeated', 'random')
@@ -331,182 +511,3 @@ def log_bins(U: torch.Tensor, bins: int = 32) -> tuple:
         centres.append(math.sqrt(a * (b - 1)) if b - 1 > a else float(a))
         means.append(U[..., a - 1:b - 1, :].mean(-2))
     return centres, torch.stack(means, -2)
-
-# %% ../nbs/11e_lm_dynamics.ipynb #c03711e
-def plot_convergence(rows: list, toy: Optional[dict] = None,
-                     layers=(0, 1, 4, 9, 14, 19, 24, 29)):
-    "Figure: binned increments vs i per kind (log-log), and slopes per layer."
-    import matplotlib.pyplot as plt
-    from icl_book.core import set_style
-    set_style()
-    kinds = [k for k in PROMPT_KINDS if any(r['kind'] == k for r in rows)]
-    nr = (len(kinds) + 1) // 2                # kinds two per row, slopes below
-    fig = plt.figure(figsize=(7.6, 3.0 * nr + 3.4))
-    gs = fig.add_gridspec(nr + 1, 2, height_ratios=[1] * nr + [1.1])
-    cmap = plt.get_cmap('viridis')
-    for n_, kind in enumerate(kinds):
-        ax = fig.add_subplot(gs[n_ // 2, n_ % 2])
-        rs = [r for r in rows if r['kind'] == kind and r['layer'] in layers]
-        for r in rs:
-            ax.plot(r['bins_i'], r['bins_u'], lw=1.3,
-                    c=cmap(r['layer'] / 29), label=f"layer {r['layer']}")
-        i = torch.tensor(rs[0]['bins_i'])
-        ref = rs[-1]['bins_u'][len(i) // 2] * (i[len(i) // 2] / i)
-        ax.plot(i, ref, 'k--', lw=1, label='$1/i$')
-        ax.set(xscale='log', yscale='log', title=kind, xlabel='token $i$')
-        if n_ % 2 == 0:
-            ax.set_ylabel(r'$\|\Delta W^\ell_i - \Delta W^\ell_{i-1}\|_F$')
-        if n_ == 0: handles = ax.get_legend_handles_labels()
-    ax = fig.add_subplot(gs[nr, :])
-    for kind in kinds:
-        rs = sorted((r for r in rows if r['kind'] == kind),
-                    key=lambda r: r['layer'])
-        ax.plot([r['layer'] for r in rs], [r['slope'] for r in rs],
-                marker='o', ms=3, lw=1.2, label=kind)
-    if toy is not None:
-        ax.axhline(toy['slope'], c='k', ls='--', lw=1, label=toy['label'])
-    ax.axhline(0, c='grey', ls=':', lw=1)
-    ax.set(xlabel=r'layer $\ell$', ylabel='tail slope',
-           title='fitted tail slope per layer')
-    ax.legend(fontsize=9, ncol=3, loc='upper center',
-              bbox_to_anchor=(0.5, -0.28), frameon=False)
-    fig.legend(*handles, fontsize=9, ncol=5, loc='upper center',
-               bbox_to_anchor=(0.5, 1.0), frameon=False)
-    fig.tight_layout(rect=(0, 0, 1, 0.95))
-    return fig
-
-# %% ../nbs/11e_lm_dynamics.ipynb #c04111e
-def capital_prompt(tok, k: int = 8, seed: int = 0) -> dict:
-    "One few-shot prompt, right and with example j wrong, answer spans."
-    pairs = load_task('country-capital')
-    g = torch.Generator().manual_seed(seed)
-    idx = torch.randperm(len(pairs), generator=g).tolist()
-    shots, q, other = idx[:k], idx[k], idx[k + 1]
-    j = int(torch.randint(1, k - 1, (1,), generator=g))
-    out = dict(j=j, k=k, seed=seed, wrong_capital=pairs[other][1])
-    for ver in ('right', 'wrong'):
-        ids, spans = [], []
-        for e, s in enumerate(shots):
-            cap = pairs[other if ver == 'wrong' and e == j else s][1]
-            ids += _tokens(tok, f"{pairs[s][0]}:")
-            a = _tokens(tok, f" {cap}")
-            spans.append((len(ids), len(ids) + len(a))); ids += a
-            ids += _tokens(tok, "\n")
-        ids += _tokens(tok, f"{pairs[q][0]}:")
-        out[ver] = dict(ids=torch.tensor([ids]), spans=spans)
-    return out
-
-def example_scores(U: torch.Tensor, spans: list) -> torch.Tensor:
-    "(k, L): mean step over each example's answer tokens / median over others."
-    ex = torch.stack([U[a:b].mean(0) for a, b in spans])       # (k, L)
-    k = len(spans)
-    rest = torch.stack([ex[[f for f in range(k) if f != e]].median(0).values
-                        for e in range(k)])
-    return ex / rest, ex
-
-def roc_auc(pos, neg) -> float:
-    "P(score of a positive > that of a negative), ties counting half."
-    pos, neg = (torch.as_tensor(v, dtype=torch.float64) for v in (pos, neg))
-    if pos.numel() == 0 or neg.numel() == 0:
-        raise ValueError("roc_auc needs at least one positive and one "
-                         "negative score")
-    d = pos[:, None] - neg[None]
-    return ((d > 0).double().mean() + 0.5 * (d == 0).double().mean()).item()
-
-def bootstrap_auc(pos, neg, reps: int = 1000, seed: int = 0) -> tuple:
-    "2.5 and 97.5 percentiles of the AUC over prompts resampled (paired)."
-    pos, neg = (torch.as_tensor(v, dtype=torch.float64) for v in (pos, neg))
-    g = torch.Generator().manual_seed(seed)
-    aucs = []
-    for _ in range(reps):
-        i = torch.randint(0, len(pos), (len(pos),), generator=g)
-        aucs.append(roc_auc(pos[i], neg[i]))
-    a = torch.tensor(aucs)
-    return a.quantile(0.025).item(), a.quantile(0.975).item()
-
-# %% ../nbs/11e_lm_dynamics.ipynb #c04411e
-def monitor_prompt(model, tok, k: int = 8, seed: int = 0) -> dict:
-    "Scores (k, L) and raw steps of one prompt, right and wrong versions."
-    pr, res = capital_prompt(tok, k, seed), dict(j=None)
-    for ver in ('right', 'wrong'):
-        ids = pr[ver]['ids']
-        U = prefix_updates(model, ids[:, :-1], ids[:, -1:])   # (n, L)
-        sc, ex = example_scores(U, pr[ver]['spans'])
-        res[ver] = dict(score=sc, step=ex)
-    res['j'] = pr['j']
-    return res
-
-def monitor_summary(res: list, reps: int = 1000) -> list:
-    "Per layer (and 'sum'): paired step ratio at j, AUC known and unknown."
-    L = res[0]['right']['score'].shape[1]
-    rows = []
-    for l in [*range(L), 'sum']:
-        def pick(r, ver, what):
-            t = r[ver][what]
-            return t.sum(1) if l == 'sum' else t[:, l]       # (k,)
-        j = lambda r: r['j']
-        ratio = torch.tensor([pick(r, 'wrong', 'step')[j(r)]
-                              / pick(r, 'right', 'step')[j(r)] for r in res])
-        sk = [[pick(r, v, 'score')[j(r)].item() for r in res]
-              for v in ('wrong', 'right')]
-        if l == 'sum':
-            sk = [[(r[v]['step'].sum(1) / _rest_med(r[v]['step'].sum(1)))
-                   [j(r)].item() for r in res] for v in ('wrong', 'right')]
-        mx = [[_max_inner(r, v, l) for r in res] for v in ('wrong', 'right')]
-        lo, hi = bootstrap_auc(*sk, reps=reps)
-        ulo, uhi = bootstrap_auc(*mx, reps=reps)
-        rows.append(dict(layer=l, ratio_median=ratio.median().item(),
-                         ratio_q25=ratio.quantile(.25).item(),
-                         ratio_q75=ratio.quantile(.75).item(),
-                         auc=roc_auc(*sk), auc_lo=lo, auc_hi=hi,
-                         auc_unknown=roc_auc(*mx), auc_unknown_lo=ulo,
-                         auc_unknown_hi=uhi, prompts=len(res)))
-    return rows
-
-def _rest_med(s: torch.Tensor) -> torch.Tensor:
-    "Per example e of s (k,): median of s over the other examples."
-    k = len(s)
-    return torch.stack([s[[f for f in range(k) if f != e]].median()
-                        for e in range(k)])
-
-def _max_inner(r: dict, ver: str, l) -> float:
-    "Largest score over examples 2..k-1 (the candidates for j)."
-    s = r[ver]['step'].sum(1) if l == 'sum' else r[ver]['step'][:, l]
-    return (s / _rest_med(s))[1:-1].max().item()
-
-# %% ../nbs/11e_lm_dynamics.ipynb #c04711e
-def plot_monitor_lm(rows: list, toy_ratio: Optional[float] = None):
-    "Figure: per layer, the paired step ratio at j and the detection AUC."
-    import matplotlib.pyplot as plt
-    from icl_book.core import set_style
-    set_style()
-    rs = [r for r in rows if r['layer'] != 'sum']
-    tot = next(r for r in rows if r['layer'] == 'sum')
-    x = [r['layer'] for r in rs]
-    fig, (a1, a2) = plt.subplots(1, 2, figsize=(7.6, 4.4))
-    a1.plot(x, [r['ratio_median'] for r in rs], marker='o', ms=3,
-            label='median over prompts')
-    a1.fill_between(x, [r['ratio_q25'] for r in rs],
-                    [r['ratio_q75'] for r in rs], alpha=.25,
-                    label='quartiles')
-    a1.axhline(1, c='grey', ls=':', lw=1)
-    if toy_ratio is not None:
-        a1.axhline(toy_ratio, c='k', ls='--', lw=1,
-                   label='toy model (ch. 10)')
-    a1.set(xlabel='layer', yscale='log',
-           ylabel='step at the wrong example,\nwrong / right')
-    a1.legend(fontsize=8.5, loc='upper center', bbox_to_anchor=(0.5, -0.2),
-              frameon=False)
-    for key, lab in (('auc', 'position known'),
-                     ('auc_unknown', 'position unknown')):
-        a2.plot(x, [r[key] for r in rs], marker='o', ms=3, label=lab)
-        a2.fill_between(x, [r[key + '_lo'] for r in rs],
-                        [r[key + '_hi'] for r in rs], alpha=.2)
-    a2.axhline(tot['auc'], c='C0', ls='--', lw=1,
-               label='position known, summed over layers')
-    a2.axhline(.5, c='grey', ls=':', lw=1)
-    a2.set(xlabel='layer', ylabel='ROC AUC (wrong vs right)', ylim=(0, 1))
-    a2.legend(fontsize=8.5, loc='upper center', bbox_to_anchor=(0.5, -0.2),
-              frameon=False)
-    fig.tight_layout()
-    return fig

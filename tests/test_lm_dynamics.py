@@ -64,9 +64,9 @@ def test_prefix_patches_equal_the_loop_float64(arch, q):
 def test_token_updates_equal_the_loop_float64(arch):
     m = tiny_model(arch, "float64", seed=5, layers=2)
     C, x = random_ids(1, 13, 3, low=2), random_ids(1, 2, 4, low=2)
-    U0 = token_updates_loop(m, C, x)
+    U0 = token_updates_loop(m, C, x)                 # first matrices
     for chunk in (None, 1, 5):
-        U1 = token_updates(m, C, x, chunk=chunk)
+        U1 = prefix_updates(m, C, x, chunk=chunk, part="first")
         assert U1.shape == U0.shape == (13, 2) and U1.dtype == torch.float64
         for l in range(2):
             if U0[:, l].norm() > 1e-12:
@@ -74,6 +74,9 @@ def test_token_updates_equal_the_loop_float64(arch):
             else:                   # parallel block: no first-matrix update
                 assert arch == "gpt_neox" and U1[:, l].max() < 1e-12
     assert torch.equal(token_updates(m, C, x, method="loop"), U0)
+    if arch != "gpt_neox":          # the default measure: first matrices
+        assert torch.equal(token_updates(m, C, x),
+                           prefix_updates(m, C, x, part="first"))
 
 
 @settings(max_examples=8, deadline=None)
@@ -120,9 +123,11 @@ def test_bad_inputs_are_refused():
         (lambda: prefix_patches(m, C, x, mode="dense"), "mode"),
         (lambda: prefix_patches(tiny_model("bert"), C, x), "both directions"),
         (lambda: prefix_patches(tiny_model("gpt_neo"),
-                                random_ids(1, 12, 0, low=2), x), "window"),
+                                random_ids(1, 12, 0, low=2), x), "local layers"),
         (lambda: prefix_patches(tiny_model("bloom"), C, x), "position_ids"),
-        (lambda: prefix_updates(tiny_model("mixtral"), C, x), "mixture of experts"),
+        (lambda: prefix_patches(m, C, x, check=True), "check must be"),
+        (lambda: prefix_patches(m, C, x, check=-1), "check must be"),
+        (lambda: prefix_updates(m, C, x, part="post"), "part='first'"),
         (lambda: prefix_updates(m, C.expand(3, 6), x), "one sequence"),
         (lambda: token_updates(m, C, x, method="fast"), "method"),
         (lambda: bench_hf_trajectory(n=0, model=m), "positive integer"),
