@@ -387,7 +387,6 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                       'icl_book.lm_dynamics._packed': ('lm_dynamics.html#_packed', 'icl_book/lm_dynamics.py'),
                                       'icl_book.lm_dynamics._packed_mask': ('lm_dynamics.html#_packed_mask', 'icl_book/lm_dynamics.py'),
                                       'icl_book.lm_dynamics._prefix_chunks': ('lm_dynamics.html#_prefix_chunks', 'icl_book/lm_dynamics.py'),
-                                      'icl_book.lm_dynamics._rows': ('lm_dynamics.html#_rows', 'icl_book/lm_dynamics.py'),
                                       'icl_book.lm_dynamics._sample': ('lm_dynamics.html#_sample', 'icl_book/lm_dynamics.py'),
                                       'icl_book.lm_dynamics._sample_check': ('lm_dynamics.html#_sample_check', 'icl_book/lm_dynamics.py'),
                                       'icl_book.lm_dynamics._skipped': ('lm_dynamics.html#_skipped', 'icl_book/lm_dynamics.py'),

@@ -24,7 +24,8 @@ def fewshot_prompt(tok, k: int = 8, seed: int = 0,
     idx = torch.randperm(len(pairs), generator=g).tolist()
     shots, q, other = idx[:k], idx[k], idx[k + 1]
     j = int(torch.randint(1, k - 1, (1,), generator=g))
-    out = dict(j=j, k=k, seed=seed, task=task, wrong=pairs[other][1])
+    out = dict(j=j, k=k, seed=seed, task=task,
+               wrong_answer=pairs[other][1])
     for ver in ('right', 'wrong'):
         ids, spans = [], []
         for e, s in enumerate(shots):
