@@ -108,28 +108,40 @@ def main(argv=None) -> list:
     p.add_argument("--seeds", type=int, default=3)
     p.add_argument("--prompts", type=int, default=None,
                    help="prompts per monitor configuration (default: its own)")
+    p.add_argument("--config", action="append", default=[],
+                   help="monitor configurations TASK:K:PROMPTS (repeatable; "
+                        "default: MONITOR); only their rows are replaced")
+    p.add_argument("--out", default=None,
+                   help="JSON-lines file (default: bench/lm_dynamics.jsonl)")
     a = p.parse_args(argv)
     a.what = a.what or ["convergence", "monitor"]
     bad = set(a.what) - {"convergence", "monitor"}
     if bad: p.error(f"unknown sections {sorted(bad)}")
     model, tok = load_pretrained("smollm2")
-    old = ([json.loads(s) for s in OUT.read_text().splitlines() if s.strip()]
-           if OUT.exists() else [])
     meta = dict(commit=_commit(), date=time.strftime("%Y-%m-%d"),
                 threads=torch.get_num_threads())
-    keep = [r for r in old if r["what"] not in a.what]
+    cfg = ([(t, int(k), int(n)) for t, k, n in
+            (c.split(":") for c in a.config)] if a.config else MONITOR)
+    if a.prompts is not None: cfg = [(t, k, a.prompts) for t, k, _ in cfg]
+    out = Path(a.out) if a.out else OUT
+
+    def same(r, s):                  # rows one run replaces
+        if r["what"] != s["what"]: return False
+        return r["what"] == "convergence" or "task" not in r or (
+            r["task"], r["k"]) == (s["task"], s["k"])
 
     def save(rows):                  # after each section or configuration
-        keep.extend(rows)
-        OUT.write_text("".join(json.dumps({**r, **meta}) + "\n"
-                               for r in keep))
+        old = ([json.loads(x) for x in out.read_text().splitlines()
+                if x.strip()] if out.exists() else [])
+        keep = [r for r in old if not any(same(r, s) for s in rows)]
+        out.write_text("".join(json.dumps(r) + "\n" for r in keep)
+                       + "".join(json.dumps({**r, **meta}) + "\n"
+                                 for r in rows))
 
     new = []
     if "convergence" in a.what:
-        new += convergence(model, tok, a.n, a.seeds); save(new)
+        rows = convergence(model, tok, a.n, a.seeds); save(rows); new += rows
     if "monitor" in a.what:
-        cfg = MONITOR if a.prompts is None else [
-            (t, k, a.prompts) for t, k, _ in MONITOR]
         new += monitor(model, tok, cfg, save)
     return new
 
