@@ -164,3 +164,26 @@ def test_parallel_and_post_norm_measure_what_carries_the_context():
         prefix_updates(g, C, x, part="last")
     with pytest.raises(ValueError, match="part must be"):
         prefix_updates(m, C, x, part="middle")
+
+
+def test_the_sampled_check_refuses_a_stream_the_open_loop_misses():
+    "Something between blocks that the open loop does not see is refused."
+    m = tiny_model("llama", "float64", seed=4)
+    C, x = random_ids(1, 9, 5, low=2), random_ids(1, 1, 6, low=2)
+    U = prefix_updates(m, C, x)
+
+    def nudge(mod, a, o):             # only in batched runs of the copies
+        h = o[0] if isinstance(o, tuple) else o
+        if h.shape[0] == 1:
+            return None
+        h = h + 1e-3
+        return (h, *o[1:]) if isinstance(o, tuple) else h
+
+    handle = m.model.layers[0].register_forward_hook(nudge)
+    try:
+        for check in (0, 8, "all"):
+            with pytest.raises(ValueError, match="self-check failed"):
+                prefix_updates(m, C, x, check=check)
+    finally:
+        handle.remove()
+    assert torch.equal(prefix_updates(m, C, x), U)
