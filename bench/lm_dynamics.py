@@ -86,11 +86,13 @@ def monitor(model, tok, configs=MONITOR, save=None) -> list:
         res = [monitor_scores(model, tok, k, seed=s, task=task)
                for s in range(prompts)]
         new = [dict(what="monitor", **r) for r in detector_table(res)]
-        both = combined(res)
-        lo, hi = bootstrap_auc(*both)
-        new.append(dict(what="monitor", detector="surprisal+step",
-                        layer="all", auc=roc_auc(*both), auc_lo=lo,
-                        auc_hi=hi, prompts=prompts, k=k, task=task))
+        for det in ("step/others", "direction"):
+            both = combined(res, det)
+            lo, hi = bootstrap_auc(*both)
+            new.append(dict(what="monitor",
+                            detector=f"surprisal+{det.split('/')[0]}",
+                            layer="all", auc=roc_auc(*both), auc_lo=lo,
+                            auc_hi=hi, prompts=prompts, k=k, task=task))
         for r in new:
             r["seconds"] = round(time.perf_counter() - t0, 1)
         rows += new
