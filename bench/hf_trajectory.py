@@ -4,14 +4,23 @@ context_patches calls and against one plain forward pass.
 Runs `icl_book.lm_dynamics.bench_hf_trajectory` (SmolLM2-135M-Instruct,
 float32, a random prompt of n context tokens and a one-token query) for each n
 and appends one JSON line per n to bench/hf_trajectory.jsonl (chapter 11e reads
-the latest line per n). The loop is timed on 8 prefix lengths evenly spaced in
-1..n (two context_patches calls each) and extrapolated by a least-squares line
-t(i) = a + b i summed over i = 1..n. Run on one thread:
+the latest line per n). Timed side by side, interleaved `--repeats` times
+(medians): the one pass as the library runs it (open loop, closed-loop
+self-check on prefixes 1, n and 8 random ones: `check_max_err` is its largest
+layer error), the one pass with the closed loop on every prefix
+(`check='all'`), one plain forward pass over the prompt, and the loop: timed on
+8 prefix lengths evenly spaced in 1..n (two context_patches calls each) and
+extrapolated by a least-squares line t(i) = a + b i summed over i = 1..n.
+`speedup` = loop / one pass, `forward_ratio` = one pass / forward
+(`forward_ratio_closed` for the closed loop), `max_rel_diff` = the largest
+relative difference of a row of steps against the loop. Run on one thread:
 
     OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 python bench/hf_trajectory.py
     OMP_NUM_THREADS=1 python bench/hf_trajectory.py --n 512 --no-save
 
-About 3 minutes on one core (n = 1024 dominates).
+About 6 minutes on an idle core (n = 1024 dominates); timings on a shared
+machine vary with its load, the ratios less, since they are measured side by
+side.
 """
 import argparse
 import json

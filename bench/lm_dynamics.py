@@ -8,9 +8,14 @@ slope (second half, as chapter 08), a wider fit (from i = n/16), the first
 step over the median of the rest, and the median-over-prompts steps averaged
 in geometric bins of i.
 
-`monitor`: 200 few-shot country: capital prompts of 8 examples, each with
-example j right and wrong; per layer (and summed) the paired step ratio at the
-wrong example and the detection ROC AUC with a bootstrap interval.
+`monitor`: few-shot prompts (`Input: Output` lines of a function-vector task)
+with example j right and wrong (icl_book.lm_monitor): per detector (the
+model's own surprisal of the answer; the patch step at the answer over the
+other examples' or its neighbours'; the direction of the example's update)
+and layer (and all layers), the ROC AUC wrong vs right with a bootstrap
+interval, position known and unknown, plus surprisal and step combined. The
+configurations: country-capital with k = 8 (200 prompts), 4 (100) and 16 (60)
+examples, antonym and present-past with k = 8 (100 and 60 prompts).
 
 Rows go to bench/lm_dynamics.jsonl (a section's old rows are replaced);
 chapter 11e draws them. Run on one thread:
@@ -18,7 +23,7 @@ chapter 11e draws them. Run on one thread:
     OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 python bench/lm_dynamics.py
     OMP_NUM_THREADS=1 python bench/lm_dynamics.py convergence --n 512
 
-About 5 minutes on one core.
+About 5 minutes on one core for convergence, 35 for monitor.
 """
 import argparse
 import json
@@ -29,9 +34,10 @@ from pathlib import Path
 import torch
 
 from icl_book.lm_dynamics import (PROMPT_KINDS, convergence_prompt,
-                                  layer_summary, log_bins, monitor_prompt,
-                                  monitor_summary, prefix_updates,
+                                  layer_summary, log_bins, prefix_updates,
                                   readme_prose)
+from icl_book.lm_monitor import (bootstrap_auc, combined, detector_table,
+                                 monitor_scores, roc_auc)
 from icl_book.weights import load_pretrained
 
 HERE = Path(__file__).parent
@@ -68,11 +74,31 @@ def convergence(model, tok, n: int, seeds: int) -> list:
     return rows
 
 
-def monitor(model, tok, prompts: int, k: int) -> list:
-    t0 = time.perf_counter()
-    res = [monitor_prompt(model, tok, k, seed=s) for s in range(prompts)]
-    rows = [dict(what="monitor", k=k, **r) for r in monitor_summary(res)]
-    print("monitor", f"{time.perf_counter() - t0:.0f}s", flush=True)
+MONITOR = (("country-capital", 8, 200), ("country-capital", 4, 100),
+           ("country-capital", 16, 60), ("antonym", 8, 100),
+           ("present-past", 8, 60))
+
+
+def monitor(model, tok, configs=MONITOR, save=None) -> list:
+    rows = []
+    for task, k, prompts in configs:
+        t0 = time.perf_counter()
+        res = [monitor_scores(model, tok, k, seed=s, task=task)
+               for s in range(prompts)]
+        new = [dict(what="monitor", **r) for r in detector_table(res)]
+        for det in ("step/others", "direction"):
+            both = combined(res, det)
+            lo, hi = bootstrap_auc(*both)
+            new.append(dict(what="monitor",
+                            detector=f"surprisal+{det.split('/')[0]}",
+                            layer="all", auc=roc_auc(*both), auc_lo=lo,
+                            auc_hi=hi, prompts=prompts, k=k, task=task))
+        for r in new:
+            r["seconds"] = round(time.perf_counter() - t0, 1)
+        rows += new
+        if save is not None: save(new)
+        print("monitor", task, k, f"{time.perf_counter() - t0:.0f}s",
+              flush=True)
     return rows
 
 
@@ -82,23 +108,43 @@ def main(argv=None) -> list:
                    help="sections to run: convergence, monitor (default: both)")
     p.add_argument("--n", type=int, default=1024)
     p.add_argument("--seeds", type=int, default=3)
-    p.add_argument("--prompts", type=int, default=200)
-    p.add_argument("--k", type=int, default=8)
+    p.add_argument("--prompts", type=int, default=None,
+                   help="prompts per monitor configuration (default: its own)")
+    p.add_argument("--config", action="append", default=[],
+                   help="monitor configurations TASK:K:PROMPTS (repeatable; "
+                        "default: MONITOR); only their rows are replaced")
+    p.add_argument("--out", default=None,
+                   help="JSON-lines file (default: bench/lm_dynamics.jsonl)")
     a = p.parse_args(argv)
     a.what = a.what or ["convergence", "monitor"]
     bad = set(a.what) - {"convergence", "monitor"}
     if bad: p.error(f"unknown sections {sorted(bad)}")
     model, tok = load_pretrained("smollm2")
-    old = ([json.loads(s) for s in OUT.read_text().splitlines() if s.strip()]
-           if OUT.exists() else [])
-    new = []
-    if "convergence" in a.what: new += convergence(model, tok, a.n, a.seeds)
-    if "monitor" in a.what: new += monitor(model, tok, a.prompts, a.k)
     meta = dict(commit=_commit(), date=time.strftime("%Y-%m-%d"),
                 threads=torch.get_num_threads())
-    keep = [r for r in old if r["what"] not in a.what]
-    OUT.write_text("".join(json.dumps({**r, **meta}) + "\n"
-                           for r in keep + new))
+    cfg = ([(t, int(k), int(n)) for t, k, n in
+            (c.split(":") for c in a.config)] if a.config else MONITOR)
+    if a.prompts is not None: cfg = [(t, k, a.prompts) for t, k, _ in cfg]
+    out = Path(a.out) if a.out else OUT
+
+    def same(r, s):                  # rows one run replaces
+        if r["what"] != s["what"]: return False
+        return r["what"] == "convergence" or "task" not in r or (
+            r["task"], r["k"]) == (s["task"], s["k"])
+
+    def save(rows):                  # after each section or configuration
+        old = ([json.loads(x) for x in out.read_text().splitlines()
+                if x.strip()] if out.exists() else [])
+        keep = [r for r in old if not any(same(r, s) for s in rows)]
+        out.write_text("".join(json.dumps(r) + "\n" for r in keep)
+                       + "".join(json.dumps({**r, **meta}) + "\n"
+                                 for r in rows))
+
+    new = []
+    if "convergence" in a.what:
+        rows = convergence(model, tok, a.n, a.seeds); save(rows); new += rows
+    if "monitor" in a.what:
+        new += monitor(model, tok, cfg, save)
     return new
 
 

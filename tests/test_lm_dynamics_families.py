@@ -1,0 +1,189 @@
+"""The one pass of icl_book.lm_dynamics on every causal family it describes:
+mixtures of experts, sliding windows shorter than the prompt, Falcon's ALiBi,
+parallel blocks and norms after the MLP, each against the loop of
+context_patches calls it replaces (float64, relative error <= 1e-10), with a
+non-trivial measure (token steps well above round-off) for every family.
+
+Eager attention in transformers runs its softmax in float32 even for float64
+models, which caps any float64 comparison near 1e-7; the families whose only
+attention is eager (Gemma 2) are run here with a float64 eager attention
+registered under its own name, so that both sides compute in float64.
+"""
+import pytest
+import torch
+
+pytest.importorskip("transformers", reason="the hf extra is not installed: "
+                    "pip install 'transformers>=5,<6' gguf accelerate")
+
+from conftest import random_ids, snapshot  # noqa: E402
+from icl_book.blocks import RankOne  # noqa: E402
+from icl_book.core import rel_err  # noqa: E402
+from icl_book.families import adapter, tiny_model  # noqa: E402
+from icl_book.hf import context_patches, token_updates  # noqa: E402
+from icl_book.lm_dynamics import (default_part, prefix_patches,  # noqa: E402
+                                  prefix_updates)
+
+
+def eager64(module, query, key, value, attention_mask, dropout=0.0,
+            scaling=None, softcap=None, **kw):
+    "Eager attention with its softmax in the inputs' dtype."
+    g = query.shape[1] // key.shape[1]
+    k, v = key.repeat_interleave(g, 1), value.repeat_interleave(g, 1)
+    s = query @ k.transpose(2, 3) * (module.head_dim ** -0.5
+                                     if scaling is None else scaling)
+    if softcap is not None:
+        s = softcap * torch.tanh(s / softcap)
+    if attention_mask is not None:
+        s = s + attention_mask
+    w = s.softmax(-1)
+    return (w @ v).transpose(1, 2).contiguous(), w
+
+
+def _register():
+    from transformers import AttentionInterface, AttentionMaskInterface
+    from transformers.masking_utils import eager_mask
+    AttentionInterface.register("eager64", eager64)
+    AttentionMaskInterface.register("eager64", eager_mask)
+
+
+_register()
+WIN = dict(sliding_window=4, use_sliding_window=True)
+CASES = {                       # name: (arch, config), prompt 10 + 2 tokens
+    "mixtral": ("mixtral", {}),
+    "qwen2_moe": ("qwen2_moe", {}),
+    "qwen3_moe": ("qwen3_moe", {}),
+    "mistral-window": ("mistral", WIN),
+    "qwen2-window": ("qwen2", dict(WIN, max_window_layers=0)),
+    "gemma2-window": ("gemma2", dict(sliding_window=4,
+                                     attn_implementation="eager64")),
+    "gemma3-window": ("gemma3_text", dict(sliding_window=4)),
+    "falcon-alibi": ("falcon", dict(alibi=True)),
+    "falcon-alibi-eager": ("falcon", dict(alibi=True,
+                                          attn_implementation="eager")),
+    "gpt_neox": ("gpt_neox", {}), "gptj": ("gptj", {}),
+    "falcon": ("falcon", {}), "phi": ("phi", {}), "cohere": ("cohere", {}),
+    "olmo2": ("olmo2", {}),
+}
+
+
+def measured(ad, p, l, part):
+    "Factors (u, v) of the measured change at the query's last token."
+    lp = p.layers[l]
+    if part == "first":
+        return [(r.u[0, -1], r.v[0, -1]) for r in lp.dW]
+    if part == "last":
+        return [(lp.dW_out.u[0, -1], lp.dW_out.v[0, -1])]
+    scale = ad.family.post_offset + ad.layers[l].post.weight
+    return [(lp.ds_post[0, -1] * scale, torch.ones(1, dtype=scale.dtype))]
+
+
+def loop_steps(m, C, x, part):
+    "(n, L) steps from one context_patches per prefix, dense matrices."
+    ad, prev, rows = adapter(m), None, []
+    for i in range(1, C.shape[1] + 1):
+        p = context_patches(m, C[:, :i], x)
+        now = [[torch.outer(u, v) for u, v in measured(ad, p, l, part)]
+               for l in range(len(ad.layers))]
+        rows.append(torch.stack([
+            sum(((a - (b if prev else 0)) ** 2).sum()
+                for a, b in zip(now[l], (prev or now)[l])).sqrt()
+            for l in range(len(now))]))
+        prev = now
+    return torch.stack(rows)
+
+
+def patch_err(P, i, Q, l):
+    "Relative error of row i of P's layer-l patch (all parts) against Q's."
+    a, b = P.layers[l], Q.layers[l]
+    num = den = 0.
+    pairs = list(zip(a.dW, b.dW)) + ([(a.dW_out, b.dW_out)]
+                                     if b.dW_out is not None else [])
+    for x, y in pairs:
+        ra, rb = RankOne(x.u[i], x.v[i]), RankOne(y.u[0], y.v[0])
+        num += (ra.diff_norm(rb) ** 2).sum()
+        den += (rb.norm() ** 2).sum()
+    if b.ds_post is not None:
+        num += ((a.ds_post[i] - b.ds_post[0]) ** 2).sum()
+        den += (b.ds_post[0] ** 2).sum()
+    return (num / den).sqrt().item()
+
+
+@pytest.fixture(scope="module", params=list(CASES))
+def case(request):
+    arch, cfg = CASES[request.param]
+    m = tiny_model(arch, "float64", seed=1, **cfg)
+    return request.param, m, random_ids(1, 10, 0, low=2), \
+        random_ids(1, 2, 1, low=2)
+
+
+def test_prefix_patches_equal_the_loop(case):
+    name, m, C, x = case
+    before = snapshot(m)
+    P = prefix_patches(m, C, x, chunk=4)             # chunks 4, 4, 2
+    for i in range(1, 11):
+        Q = context_patches(m, C[:, :i], x)
+        for l in range(len(P)):
+            assert patch_err(P, i - 1, Q, l) < 1e-10, (name, i, l)
+    assert max(P.errors) < 1e-10                     # the sampled check
+    after = m.state_dict()
+    assert all(torch.equal(v, after[k]) for k, v in before.items())
+
+
+def test_token_steps_equal_the_loop_and_are_not_trivial(case):
+    name, m, C, x = case
+    part = default_part(adapter(m))
+    U0 = loop_steps(m, C, x, part)
+    for chunk in (None, 3):
+        U1, errs = prefix_updates(m, C, x, chunk=chunk, return_errors=True)
+        assert U1.shape == U0.shape == (10, 3)
+        assert rel_err(U1, U0) < 1e-10, (name, chunk)
+        assert max(errs) < 1e-10
+    assert (U0.amin(0) > 1e-6).all(), (name, U0.amin(0))   # every layer
+    assert torch.equal(token_updates(m, C, x), prefix_updates(m, C, x))
+
+
+def test_every_check_gives_the_same_steps(case):
+    name, m, C, x = case
+    U = prefix_updates(m, C, x)
+    for check in ("all", 0, 3):
+        assert rel_err(prefix_updates(m, C, x, check=check, seed=2), U) \
+            < 1e-12, (name, check)
+
+
+def test_parallel_and_post_norm_measure_what_carries_the_context():
+    C, x = random_ids(1, 8, 2, low=2), random_ids(1, 1, 3, low=2)
+    m = tiny_model("gpt_neox", "float64", seed=2)
+    assert default_part(adapter(m)) == "last"
+    first = prefix_updates(m, C, x, part="first")
+    assert first.max() < 1e-12             # the MLP reads the block's input
+    assert prefix_updates(m, C, x).min() > 1e-6
+    g = tiny_model("olmo2", "float64", seed=2)
+    assert default_part(adapter(g)) == "post"
+    assert prefix_updates(g, C, x, part="first").min() > 1e-6
+    with pytest.raises(ValueError, match="part='post'"):
+        prefix_updates(g, C, x, part="last")
+    with pytest.raises(ValueError, match="part must be"):
+        prefix_updates(m, C, x, part="middle")
+
+
+def test_the_sampled_check_refuses_a_stream_the_open_loop_misses():
+    "Something between blocks that the open loop does not see is refused."
+    m = tiny_model("llama", "float64", seed=4)
+    C, x = random_ids(1, 9, 5, low=2), random_ids(1, 1, 6, low=2)
+    U = prefix_updates(m, C, x)
+
+    def nudge(mod, a, o):             # only in batched runs of the copies
+        h = o[0] if isinstance(o, tuple) else o
+        if h.shape[0] == 1:
+            return None
+        h = h + 1e-3
+        return (h, *o[1:]) if isinstance(o, tuple) else h
+
+    handle = m.model.layers[0].register_forward_hook(nudge)
+    try:
+        for check in (0, 8, "all"):
+            with pytest.raises(ValueError, match="self-check failed"):
+                prefix_updates(m, C, x, check=check)
+    finally:
+        handle.remove()
+    assert torch.equal(prefix_updates(m, C, x), U)
