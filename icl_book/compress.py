@@ -18,7 +18,7 @@ from .compression import (
     compression_metrics, patch_numel, budget_rank, progress, layer_output,
     prompt_cache, grown_cache, after_prompt, icl_logprobs, stream_edit,
     free_logprobs, read_bench, plot_methods, plot_storage, METHODS,
-    check_writable, truncate)
+    check_writable, truncate, low_rank_factors)
 
 # %% auto #0
 __all__ = ['TASKS', 'TEMPLATE', 'VARIANTS', 'task_file', 'load_task', 'CompressConfig', 'Split', 'TaskData', 'demo_text',
@@ -247,6 +247,7 @@ def _firsts(split: Split):
     rows = torch.arange(len(split.items))
     return split.ids[:, :T], rows, split.ids[rows, split.last + 1]
 
+# %% ../nbs/11d_compression.ipynb #pl0fast
 @contextmanager
 def _rows_edit(arch, lay_of, vecs, mode: str):
     "Row r's last position after layer lay_of[r]: replaced by / plus vec."
@@ -262,6 +263,7 @@ def _rows_edit(arch, lay_of, vecs, mode: str):
                 lambda m, a, o, l=l: hook(o, l)).remove)
         yield
 
+# %% ../nbs/11d_compression.ipynb #pl0pick
 def pick_layer(model, start, split: Split, ref1, vecs, mode: str,
                layers, rows: int = 512) -> tuple:
     "The layer whose edit scores best on `split`, and each layer's score."
@@ -425,11 +427,6 @@ def _applied(self, model):
         with cm: yield model
     finally: model._compressed_applied = False
 
-def _factors(M, r: int) -> list:
-    "[A (m, r), B (r, n)] with A @ B = M for M of rank <= r."
-    U, s, Vh = torch.linalg.svd(M.double(), full_matrices=False)
-    return [(U[:, :r] * s[:r]).to(M.dtype), Vh[:r].to(M.dtype)]
-
 _FIELDS = ('method', 'kind', 'layer', 'vector', 'rank', 'shift', 'start',
            'template', 'info')
 
@@ -439,11 +436,12 @@ def _save(self, path) -> None:
     if self.patch is not None:       # rank r: factors, r (m + n) numbers
         r, tp = self.rank, self.patch
         f = lambda M: (M if M is None or r is None or r >= min(M.shape)
-                       else _factors(M, r))
+                       else low_rank_factors(M, r))
         d['patch'] = dict(M=list(map(f, tp.M)), beta=tp.beta,
                           M_out=list(map(f, tp.M_out)), delta=tp.delta)
     torch.save(dict(format='icl_book.compress/1', **d), path)
 
+# %% ../nbs/11d_compression.ipynb #sv1load
 def _load(cls, path) -> 'Compressed':
     "A Compressed saved with `save`."
     d = torch.load(path, weights_only=True)

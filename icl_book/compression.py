@@ -17,10 +17,10 @@ from .hf import check_model
 
 # %% auto #0
 __all__ = ['THOUGHT_KINDS', 'METHODS', 'hook_layers', 'pad_batch', 'prompt_states', 'reduced_rank_fit', 'patch_numel',
-           'budget_rank', 'truncate', 'progress', 'check_writable', 'fit_thought_patch', 'call_positions',
-           'split_first', 'last_add', 'thought_patched', 'teacher_forced', 'compression_metrics', 'layer_output',
-           'prompt_cache', 'grown_cache', 'after_prompt', 'icl_logprobs', 'stream_edit', 'free_logprobs', 'read_bench',
-           'plot_methods', 'plot_storage', 'capitals', 'CompressionConfig']
+           'budget_rank', 'truncate', 'low_rank_factors', 'progress', 'check_writable', 'fit_thought_patch',
+           'call_positions', 'split_first', 'last_add', 'thought_patched', 'teacher_forced', 'compression_metrics',
+           'layer_output', 'prompt_cache', 'grown_cache', 'after_prompt', 'icl_logprobs', 'stream_edit',
+           'free_logprobs', 'read_bench', 'plot_methods', 'plot_storage', 'capitals', 'CompressionConfig']
 
 # %% ../nbs/11c_compression.ipynb #9edfa37e
 def hook_layers(stack: ExitStack, ad, on_h, on_first, on_last):
@@ -154,6 +154,7 @@ def budget_rank(model, budget: int,      # numbers the patch may store
     top = max(min(s) for s, _ in parts)
     return max(r for r in range(1, top + 1) if cost(r) <= budget)
 
+# %% ../nbs/11c_compression.ipynb #bud1trunc
 def truncate(tp: ThoughtPatch, rank: int) -> ThoughtPatch:
     "tp with every matrix replaced by its best rank-`rank` approximation."
     def cut(M):
@@ -162,6 +163,11 @@ def truncate(tp: ThoughtPatch, rank: int) -> ThoughtPatch:
         return (U[:, :rank] * s[:rank]) @ Vh[:rank]          # Eckart-Young
     return ThoughtPatch([cut(M) for M in tp.M], tp.beta,
                         [cut(M) for M in tp.M_out], tp.delta)
+
+def low_rank_factors(M: torch.Tensor, r: int) -> list:
+    "[A (m, r), B (r, n)] with A @ B = M for M of rank <= r."
+    U, s, Vh = torch.linalg.svd(M.double(), full_matrices=False)
+    return [(U[:, :r] * s[:r]).to(M.dtype), Vh[:r].to(M.dtype)]
 
 
 # %% ../nbs/11c_compression.ipynb #bud2pr
