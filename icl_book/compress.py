@@ -4,7 +4,7 @@
 
 # %% ../nbs/11d_compression.ipynb #afc62307
 from __future__ import annotations
-import argparse, copy, json, time
+import argparse, copy, json, os, sys, time
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -13,14 +13,17 @@ import torch
 from .thought import ThoughtPatch
 from .weights import load_pretrained
 from .hf import check_model
-from .compression import (pad_batch, fit_thought_patch, teacher_forced,
-                                  thought_patched, compression_metrics)
+from .compression import (
+    pad_batch, fit_thought_patch, teacher_forced, thought_patched,
+    compression_metrics, patch_numel, budget_rank, progress, layer_output,
+    prompt_cache, grown_cache, after_prompt, icl_logprobs, stream_edit,
+    free_logprobs, read_bench, plot_methods, plot_storage, METHODS,
+    check_writable, truncate, low_rank_factors)
 
 # %% auto #0
-__all__ = ['TASKS', 'TEMPLATE', 'VARIANTS', 'METHODS', 'task_file', 'load_task', 'CompressConfig', 'Split', 'TaskData',
-           'demo_text', 'encode_task', 'icl_logprobs', 'icl_states', 'stream_edit', 'free_logprobs', 'pick_layer',
-           'head_effects', 'function_vector', 'truncate', 'fit_variant', 'Compressed', 'evaluate', 'compress',
-           'run_compress', 'add_compress_parser', 'read_bench', 'plot_methods', 'plot_storage']
+__all__ = ['TASKS', 'TEMPLATE', 'VARIANTS', 'task_file', 'load_task', 'CompressConfig', 'Split', 'TaskData', 'demo_text',
+           'encode_task', 'icl_states', 'pick_layer', 'head_effects', 'function_vector', 'variant', 'fit_variant',
+           'Compressed', 'evaluate', 'compress', 'run_compress', 'add_compress_parser']
 
 # %% ../nbs/11d_compression.ipynb #e3aedd5c
 TASKS = ('antonym', 'capitalize', 'country-capital', 'english-french',
@@ -58,7 +61,7 @@ def load_task(task) -> list:
         raise ValueError(f"{where} must be {_FORMAT}, got "
                          f"{type(data).__name__}"
                          + (' (empty)' if isinstance(data, list) else ''))
-    pairs = []
+    pairs, seen = [], {}
     for i, ex in enumerate(data):
         if not isinstance(ex, dict) or not {'input', 'output'} <= set(ex):
             raise ValueError(f"{where}: item {i} is {str(ex)[:60]!r}, not an "
@@ -69,6 +72,11 @@ def load_task(task) -> list:
                 and x.strip() and y.strip()):
             raise ValueError(f"{where}: item {i} has input {x!r} and output "
                              f"{y!r}; both must be non-empty strings")
+        if x.strip() in seen:
+            raise ValueError(f"{where}: item {i} repeats the input {x!r} of "
+                             f"item {seen[x.strip()]}; remove duplicates (a "
+                             f"query that is also a demonstration is no test)")
+        seen[x.strip()] = i
         pairs.append((x.strip(), y.strip()))
     return pairs
 
@@ -83,11 +91,13 @@ class CompressConfig:
     seed: int = 0               # shuffles the task before it is split
     template: str = TEMPLATE    # one demonstration; the query ends before it
     lam: float = 0.1            # thought patch: ridge, relative
-    variants: tuple = ('lstsq_out', 'lstsq_out r1', 'lstsq_out r8',
-                       'lstsq_out ridge 1', 'lstsq', 'lstsq r8', 'first')
+    variants: tuple = ('lstsq_out', 'lstsq_out ridge 1')
     heads: int = 10             # function vector: heads summed (Todd: 10)
     n_aie: int = 8              # function vector: corrupted prompts for AIE
     stride: int = 1             # candidate layers of the vectors: every k-th
+    rank: Optional[int] = None  # thought patch: this rank only (optimal)
+    budget: Optional[int] = None    # ... or the largest rank fitting this
+    max_tokens: int = 2048      # prompt + longest query: refused beyond
 
 def _template(t: str):
     "The query template and the text between the query and the answer."
@@ -181,40 +191,7 @@ def encode_task(tok, task, cfg: CompressConfig = None,
                     *(_encode(tok, p, cfg.template, start, w) for p, w in
                       zip(parts[1:], ('calibration', 'validation', 'test'))))
 
-# %% ../nbs/11d_compression.ipynb #88cebd4a
-def _cache(model, P):
-    "The KV cache of the prompt P (1, n)."
-    with torch.no_grad():
-        out = model(P, use_cache=True)
-    return out.cache if hasattr(out, 'cache') else out.past_key_values
-
-def _grown(cache, K: int):
-    "A copy of the prompt's cache for a batch of K queries."
-    c = copy.deepcopy(cache)
-    if K > 1: c.batch_repeat_interleave(K)
-    return c
-
-def _after_prompt(net, n: int, cache, ids):
-    "net (model or base) on ids (K, T) after the cached prompt of length n."
-    K, T = ids.shape
-    return net(ids, attention_mask=torch.ones(K, n + T, dtype=torch.long,
-                                              device=ids.device),
-               position_ids=torch.arange(n, n + T, device=ids.device
-                                         ).expand(K, T),
-               cache=_grown(cache, K), use_cache=True)
-
-def icl_logprobs(model, P, ids, cache=None) -> torch.Tensor:
-    "Log-probs (K, T, V) along ids (K, T) after the prompt P (1, n)."
-    cache = _cache(model, P) if cache is None else cache
-    with torch.no_grad():
-        out = _after_prompt(model, P.shape[1], cache, ids)
-    return out.logits.log_softmax(-1)
-
 # %% ../nbs/11d_compression.ipynb #07a6831a
-def _out(o):
-    "A layer's output tensor (some versions return a tuple)."
-    return o[0] if isinstance(o, tuple) else o
-
 def _heads(model):
     "Each layer's attention output projection, heads and head size."
     arch = check_model(model)
@@ -230,7 +207,7 @@ def _heads(model):
 def icl_states(model, P, split: Split, cache=None) -> dict:
     "Run after P: prompt_states' dict, plus out and z at the last token."
     arch = check_model(model)
-    cache = _cache(model, P) if cache is None else cache
+    cache = prompt_cache(model, P) if cache is None else cache
     L, K = len(arch.layers), split.ids.shape[0]
     rows, last = torch.arange(K), split.last
     keep = [dict() for _ in arch.layers]
@@ -248,63 +225,14 @@ def icl_states(model, P, split: Split, cache=None) -> dict:
                 lambda m, x, o, k=k: store(k, 'y', o)).remove)
             st.callback(lay.block.register_forward_hook(
                 lambda m, x, o, l=l: out.__setitem__(
-                    l, _out(o)[rows, last])).remove)
+                    l, layer_output(o)[rows, last])).remove)
             if o_projs is not None:
                 st.callback(o_projs[l].register_forward_pre_hook(
                     lambda m, x, l=l: z.__setitem__(
                         l, x[0][rows, last])).remove)
-        _after_prompt(arch.base, P.shape[1], cache, split.ids)
+        after_prompt(arch.base, P.shape[1], cache, split.ids)
     return dict(layers=keep, n=P.shape[1], out=torch.stack(out),
                 z=None if o_projs is None else torch.stack(z))
-
-# %% ../nbs/11d_compression.ipynb #91da4c13
-@contextmanager
-def stream_edit(model, layer: int, vec: torch.Tensor, mode: str = 'replace',
-                at: Optional[torch.Tensor] = None):
-    "Replace or add to the stream after `layer` at (K,) positions `at`."
-    # at None: the last position of a call without a cache (generation)
-    if mode not in ('replace', 'add'):
-        raise ValueError(f"mode must be 'replace' or 'add', got {mode!r}")
-    arch = check_model(model)
-    if not 0 <= layer < len(arch.layers):
-        raise ValueError(f"layer must be in 0..{len(arch.layers) - 1}, got "
-                         f"{layer}")
-    state = dict(fresh=True)
-
-    def pre(m, args, kw):
-        c = kw.get('cache', kw.get('past_key_values'))
-        state['fresh'] = c is None or c.get_seq_length() == 0
-
-    def hook(m, args, o):
-        h = _out(o)
-        if at is None and not state['fresh']: return o
-        pos = (torch.full((h.shape[0],), h.shape[1] - 1) if at is None
-               else at).to(h.device)
-        rows, v = torch.arange(h.shape[0], device=h.device), vec.to(h)
-        h = h.clone()
-        h[rows, pos] = v if mode == 'replace' else h[rows, pos] + v
-        return (h,) + tuple(o[1:]) if isinstance(o, tuple) else h
-
-    with ExitStack() as st:
-        st.callback(arch.base.register_forward_pre_hook(
-            pre, with_kwargs=True).remove)
-        st.callback(arch.layers[layer].block.register_forward_hook(
-            hook).remove)
-        yield model
-
-def free_logprobs(model, start: int, ids, edit=None) -> torch.Tensor:
-    "Log-probs (K, T, V) along ids after the start token alone."
-    # edit: (layer, vec (d,), 'replace' | 'add', positions (K,) in ids)
-    K = ids.shape[0]
-    x = torch.cat([torch.full((K, 1), start, dtype=ids.dtype,
-                              device=ids.device), ids], 1)
-    with torch.no_grad(), ExitStack() as st:
-        if edit is not None:
-            l, v, mode, at = edit
-            st.enter_context(stream_edit(model, l, v, mode, at + 1))
-        lp = model(x, attention_mask=torch.ones_like(x), use_cache=False
-                   ).logits[:, 1:].log_softmax(-1)
-    return lp
 
 # %% ../nbs/11d_compression.ipynb #099263aa
 def _first_scores(lp1, ref1, target) -> tuple:
@@ -319,14 +247,49 @@ def _firsts(split: Split):
     rows = torch.arange(len(split.items))
     return split.ids[:, :T], rows, split.ids[rows, split.last + 1]
 
+# %% ../nbs/11d_compression.ipynb #pl0fast
+@contextmanager
+def _rows_edit(arch, lay_of, vecs, mode: str):
+    "Row r's last position after layer lay_of[r]: replaced by / plus vec."
+    def hook(o, l):
+        idx = (lay_of == l).nonzero().flatten()
+        h = layer_output(o).clone()
+        v = vecs[l].to(h)
+        h[idx, -1] = v if mode == 'replace' else h[idx, -1] + v
+        return (h,) + tuple(o[1:]) if isinstance(o, tuple) else h
+    with ExitStack() as st:
+        for l in lay_of.unique().tolist():
+            st.callback(arch.layers[l].block.register_forward_hook(
+                lambda m, a, o, l=l: hook(o, l)).remove)
+        yield
+
+# %% ../nbs/11d_compression.ipynb #pl0pick
 def pick_layer(model, start, split: Split, ref1, vecs, mode: str,
-               layers) -> tuple:
+               layers, rows: int = 512) -> tuple:
     "The layer whose edit scores best on `split`, and each layer's score."
-    ids, rows, target = _firsts(split)
-    scores = {}
-    for l in layers:
-        lp = free_logprobs(model, start, ids, (l, vecs[l], mode, split.last))
-        scores[l] = _first_scores(lp[rows, split.last], ref1, target)
+    # the queries but their last token run once, cached; then only the last
+    # token, once per candidate layer, up to `rows` runs in one batch
+    arch, (K, last), layers = check_model(model), (len(split.items),
+                                                   split.last), list(layers)
+    x = torch.full((K, int(last.max()) + 1), start, dtype=torch.long)
+    m = torch.zeros_like(x)
+    for i in range(K):
+        x[i, 1:last[i] + 1], m[i, :last[i] + 1] = split.ids[i, :last[i]], 1
+    cache, ar = prompt_cache(model, x, m), torch.arange(K)
+    q, target = split.ids[ar, last], split.ids[ar, last + 1]
+    scores, per = {}, max(1, rows // K)
+    for s in range(0, len(layers), per):
+        ls = torch.tensor(layers[s:s + per])
+        C = len(ls)
+        att = torch.cat([m, torch.ones(K, 1, dtype=torch.long)], 1)
+        with torch.no_grad(), _rows_edit(arch, ls.repeat(K), vecs, mode):
+            lp = model(q.repeat_interleave(C)[:, None],
+                       cache=grown_cache(cache, C),
+                       attention_mask=att.repeat_interleave(C, 0),
+                       position_ids=(last + 1).repeat_interleave(C)[:, None],
+                       use_cache=True).logits[:, -1].log_softmax(-1)
+        for j, l in enumerate(ls.tolist()):
+            scores[l] = _first_scores(lp.view(K, C, -1)[:, j], ref1, target)
     return max(scores, key=scores.get), scores
 
 # %% ../nbs/11d_compression.ipynb #85f789ba
@@ -366,8 +329,8 @@ def head_effects(model, prompts, zbar, chunk: int = 96) -> torch.Tensor:
     with torch.no_grad():
         for ids, target in prompts:
             T = ids.shape[1]
-            c = _cache(model, ids[:, :-1])
-            run = lambda R: _after_prompt(model, T - 1, c, ids[:, -1:].expand(
+            c = prompt_cache(model, ids[:, :-1])
+            run = lambda R: after_prompt(model, T - 1, c, ids[:, -1:].expand(
                 R, 1)).logits[:, -1].softmax(-1)[:, target].double()
             base = run(1)[0]
             for s in range(0, len(cand), chunk):
@@ -397,37 +360,26 @@ VARIANTS = {            # name: (kind, rank, ridge or None = cfg.lam, first)
     'first': ('lstsq', None, None, True),
     'thought vector': ('bias', None, None, False)}
 
-def _stored(tp: ThoughtPatch, rank: Optional[int] = None) -> int:
-    "Numbers stored: a rank-r matrix (m, n) as r(m + n) when fewer than mn."
-    n = 0
-    for M in tp.M + tp.M_out:
-        if M is not None:
-            n += M.numel() if rank is None else min(
-                M.numel(), rank * sum(M.shape))
-    return n + sum(t.numel() for t in tp.beta + tp.delta if t is not None)
-
-def truncate(tp: ThoughtPatch, rank: int) -> ThoughtPatch:
-    "tp with every matrix replaced by its best rank-`rank` approximation."
-    def cut(M):
-        if M is None or rank >= min(M.shape): return M
-        U, s, Vh = torch.linalg.svd(M, full_matrices=False)
-        return (U[:, :rank] * s[:rank]) @ Vh[:rank]          # Eckart-Young
-    return ThoughtPatch([cut(M) for M in tp.M], tp.beta,
-                        [cut(M) for M in tp.M_out], tp.delta)
+def variant(name: str) -> tuple:
+    "(kind, rank, ridge, first, optimal): 'KIND rrrR' is the rank-R optimum."
+    kind, _, r = name.partition(' rrr')
+    if name in VARIANTS: return VARIANTS[name] + (False,)
+    if kind in ('lstsq', 'lstsq_out') and r.isdigit() and int(r) >= 1:
+        return kind, int(r), None, False, True
+    raise ValueError(f"unknown variant {name!r}; known: {list(VARIANTS)}, "
+                     f"or 'lstsq_out rrrR' / 'lstsq rrrR' (rank R >= 1)")
 
 def fit_variant(model, P, split: Split, name: str, states: dict,
                 lam: float = 0.1, fits: Optional[dict] = None) -> ThoughtPatch:
-    "The thought-patch variant `name` of VARIANTS, fitted on `split`."
+    "The thought-patch variant `name` (VARIANTS, or 'KIND rrrR'), fitted."
     # fits: a cache of the full-rank fits that variants share
-    if name not in VARIANTS:
-        raise ValueError(f"unknown variant {name!r}; known: {list(VARIANTS)}")
-    kind, rank, ridge, first = VARIANTS[name]
-    key, fits = (kind, lam if ridge is None else ridge), (
+    kind, rank, ridge, first, opt = variant(name)
+    key, fits = (kind, lam if ridge is None else ridge, opt and rank), (
         {} if fits is None else fits)
     if key not in fits:
         fits[key] = fit_thought_patch(model, P, split.ids, split.mask, kind,
-                                      None, key[1], 1, states)
-    tp = fits[key] if rank is None else truncate(fits[key], rank)
+                                      key[2] or None, key[1], 1, states)
+    tp = fits[key] if rank is None or opt else truncate(fits[key], rank)
     if first:
         L = len(tp.M)
         tp = ThoughtPatch(tp.M, tp.beta, [None] * L, [None] * L)
@@ -450,7 +402,7 @@ class Compressed:
 
     def numel(self) -> int:
         "Numbers stored (a layer index not counted)."
-        if self.patch is not None: return _stored(self.patch, self.rank)
+        if self.patch is not None: return patch_numel(self.patch, self.rank)
         return self.vector.numel()
 
     def query_ids(self, tok, x: str) -> torch.Tensor:
@@ -460,12 +412,20 @@ class Compressed:
         return torch.tensor([[self.start] + ids])
 
 # %% ../nbs/11d_compression.ipynb #d6e52984
+@contextmanager
 def _applied(self, model):
     "Context manager: the model runs as if the prompt were there."
+    if getattr(model, '_compressed_applied', False):   # would add it twice
+        raise RuntimeError("a compressed prompt is already applied to this "
+                           "model; leave its `with` block first")
     if self.patch is not None:        # after the start token, queries moved
-        return thought_patched(model, self.patch, keep=1, shift=self.shift)
-    mode = 'replace' if self.method == 'task_vector' else 'add'
-    return stream_edit(model, self.layer, self.vector, mode)
+        cm = thought_patched(model, self.patch, keep=1, shift=self.shift)
+    else: cm = stream_edit(model, self.layer, self.vector, 'replace' if (
+        self.method == 'task_vector') else 'add')
+    model._compressed_applied = True
+    try:
+        with cm: yield model
+    finally: model._compressed_applied = False
 
 _FIELDS = ('method', 'kind', 'layer', 'vector', 'rank', 'shift', 'start',
            'template', 'info')
@@ -473,11 +433,15 @@ _FIELDS = ('method', 'kind', 'layer', 'vector', 'rank', 'shift', 'start',
 def _save(self, path) -> None:
     "Save to one torch file (weights_only-loadable)."
     d = {k: getattr(self, k) for k in _FIELDS}
-    if self.patch is not None:
-        d['patch'] = dict(M=self.patch.M, beta=self.patch.beta,
-                          M_out=self.patch.M_out, delta=self.patch.delta)
+    if self.patch is not None:       # rank r: factors, r (m + n) numbers
+        r, tp = self.rank, self.patch
+        f = lambda M: (M if M is None or r is None or r >= min(M.shape)
+                       else low_rank_factors(M, r))
+        d['patch'] = dict(M=list(map(f, tp.M)), beta=tp.beta,
+                          M_out=list(map(f, tp.M_out)), delta=tp.delta)
     torch.save(dict(format='icl_book.compress/1', **d), path)
 
+# %% ../nbs/11d_compression.ipynb #sv1load
 def _load(cls, path) -> 'Compressed':
     "A Compressed saved with `save`."
     d = torch.load(path, weights_only=True)
@@ -485,6 +449,8 @@ def _load(cls, path) -> 'Compressed':
         raise ValueError(f"{path} is not a file written by Compressed.save")
     p = d.pop('patch', None)
     d.pop('format')
+    for k in ('M', 'M_out') if p else ():     # factors [A, B] -> A @ B
+        p[k] = [M[0] @ M[1] if isinstance(M, list) else M for M in p[k]]
     return cls(**d, patch=None if p is None else ThoughtPatch(**p))
 
 Compressed.applied, Compressed.save = _applied, _save
@@ -505,51 +471,113 @@ def _metrics(ref, lp, s: Split) -> dict:
                 accuracy=round(m['accuracy'], 4),
                 kl_first=round(max(m['kl_first'], 0.), 4))
 
-METHODS = ('zero_shot', 'icl', 'task_vector', 'function_vector',
-           'thought_patch', 'thought_vector')
-
 def _task_name(task) -> str:
     if isinstance(task, (str, Path)):
         return str(task) if str(task) in TASKS else Path(task).stem
     return 'custom'
 
+# %% ../nbs/11d_compression.ipynb #ev0help
+def _check_length(model, td: TaskData, cfg: CompressConfig) -> None:
+    "Refuse a prompt + query longer than cfg.max_tokens or the model allows."
+    n = td.prompt.shape[1] + max(s.ids.shape[1] for s in td[3:])  # splits
+    pos = getattr(model.config, 'max_position_embeddings', None) or n
+    limit, why = min((cfg.max_tokens, 'max_tokens (--max-tokens)'),
+                     (pos, "the model's position limit"))
+    if n > limit:
+        raise ValueError(
+            f"the prompt ({td.prompt.shape[1]} tokens) and the longest query "
+            f"and answer make {n} tokens, more than {limit} ({why}): shorten "
+            f"the examples or use fewer shots")
+
+def _patch_names(model, cfg: CompressConfig) -> tuple:
+    "The thought-patch variants to fit, and the rank of a budget (or None)."
+    if cfg.rank is not None and cfg.budget is not None:
+        raise ValueError("give a rank or a budget for the thought patch, "
+                         "not both")
+    r = cfg.rank
+    if cfg.budget is not None: r = budget_rank(model, cfg.budget)
+    elif r is not None and (isinstance(r, bool) or not isinstance(r, int)
+                            or r < 1):
+        raise ValueError(f"the rank must be an integer >= 1, got {r!r}")
+    if r is None: return [n for n in cfg.variants if n != 'thought vector'], r
+    return [f'lstsq_out rrr{r}'], r
+
+def _aie(model, prompts, zbar, b) -> torch.Tensor:
+    "head_effects over prompts, one at a time (a progress step each)."
+    out = 0.
+    for pr in prompts: out, _ = out + head_effects(model, [pr], zbar), (
+        b.update())
+    return out / len(prompts)
+
+# %% ../nbs/11d_compression.ipynb #ev1tp
+def _patches(model, td: TaskData, names, S, cfg, firsts, ref, ref1, b):
+    "Each thought-patch variant: fitted, validated, tested, its size."
+    P, (vids, vrows, _), var, fits = td.prompt, firsts, {}, {}
+    for name in names:
+        tp = fit_variant(model, P, td.cal, name, S, cfg.lam, fits)
+        b.update()
+        lpv = teacher_forced(model, P, vids, tp, keep=1)[vrows, td.val.last]
+        b.update()
+        c = Compressed('thought_patch', name, patch=tp, rank=variant(name)[1],
+                       shift=P.shape[1] - 1, start=td.start,
+                       template=cfg.template)
+        m = _metrics(ref, teacher_forced(model, P, td.test.ids, tp, keep=1),
+                     td.test)
+        b.update()
+        var[name] = dict(val=_first_scores(lpv, ref1, td.val.ids[
+            vrows, td.val.last + 1]), test=m, numel=c.numel(), obj=c)
+    return var
+
 # %% ../nbs/11d_compression.ipynb #e6bd5496
 def evaluate(model, tok, task, cfg: CompressConfig = None,
-             methods=METHODS) -> tuple:
+             methods=METHODS, verbose: bool = False) -> tuple:
     "Every method under one protocol: (results, {method: Compressed})."
+    # verbose: a progress bar on stderr for every stage
     cfg = cfg or CompressConfig()
     bad = set(methods) - set(METHODS)
     if bad:
         raise ValueError(f"unknown methods {sorted(bad)}; known: {METHODS}")
     arch = check_model(model)
     td = encode_task(tok, task, cfg)
-    P, L, d = td.prompt, len(arch.layers), model.config.hidden_size
+    _check_length(model, td, cfg)
+    names, rank = _patch_names(model, cfg)
+    P, L = td.prompt, len(arch.layers)
     layers = list(range(0, L, cfg.stride))
     res = dict(task=_task_name(task), shots=cfg.shots, n_cal=cfg.n_cal,
                n_val=cfg.n_val, n_test=cfg.n_test, seed=cfg.seed,
                template=cfg.template, prompt_tokens=P.shape[1])
     metrics, numel, secs, objs = {}, {}, {}, {}
+    bar = lambda desc, n: progress(desc, n, verbose)
+    states = bool(set(methods) - {'zero_shot', 'icl'})
     t0 = time.perf_counter()
-    cache = _cache(model, P)
-    ref = icl_logprobs(model, P, td.test.ids, cache)       # the ceiling
-    vids, vrows, _ = _firsts(td.val)
-    ref1 = icl_logprobs(model, P, vids, cache)[vrows, td.val.last]
-    metrics['icl'] = _metrics(ref, ref, td.test)
-    numel['icl'] = _kv_numel(model, P.shape[1])
-    metrics['zero_shot'] = _metrics(
-        ref, free_logprobs(model, td.start, td.test.ids), td.test)
-    numel['zero_shot'] = 0
-    S = icl_states(model, P, td.cal, cache)
+    with bar('in-context reference', 2 + 2 * states
+             + ('zero_shot' in methods)) as b:
+        cache = prompt_cache(model, P); b.update()
+        ref = icl_logprobs(model, P, td.test.ids, cache); b.update()
+        metrics['icl'] = _metrics(ref, ref, td.test)
+        numel['icl'] = _kv_numel(model, P.shape[1])
+        if 'zero_shot' in methods:
+            metrics['zero_shot'] = _metrics(
+                ref, free_logprobs(model, td.start, td.test.ids), td.test)
+            numel['zero_shot'] = 0
+            b.update()
+        if states:
+            vids, vrows, _ = firsts = _firsts(td.val)
+            ref1 = icl_logprobs(model, P, vids, cache)[vrows, td.val.last]
+            b.update()
+            S = icl_states(model, P, td.cal, cache); b.update()
     secs['icl'] = time.perf_counter() - t0
     test_edit = lambda l, v, mode: free_logprobs(
         model, td.start, td.test.ids, (l, v, mode, td.test.last))
     if 'task_vector' in methods:
         t0 = time.perf_counter()
-        theta = S['out'].mean(1)                           # (L, d)
-        l, sc = pick_layer(model, td.start, td.val, ref1, theta, 'replace',
-                           layers)
-        metrics['task_vector'] = _metrics(ref, test_edit(l, theta[l],
-                                          'replace'), td.test)
+        with bar('task vector: layers, test', 2) as b:
+            theta = S['out'].mean(1)                           # (L, d)
+            l, sc = pick_layer(model, td.start, td.val, ref1, theta,
+                               'replace', layers); b.update()
+            metrics['task_vector'] = _metrics(ref, test_edit(l, theta[l],
+                                              'replace'), td.test)
+            b.update()
         objs['task_vector'] = Compressed(
             'task_vector', layer=l, vector=theta[l], start=td.start,
             template=cfg.template, info=dict(val={k: v[0] for k, v in
@@ -558,40 +586,30 @@ def evaluate(model, tok, task, cfg: CompressConfig = None,
         secs['task_vector'] = time.perf_counter() - t0
     if 'function_vector' in methods:
         t0 = time.perf_counter()
-        _, nh, dh = _heads(model)
-        zbar = S['z'].mean(1).view(L, nh, dh)
-        g = torch.Generator().manual_seed(cfg.seed)
-        prompts = [_shuffled(tok, td, cfg.template, i % cfg.n_cal, g)
-                   for i in range(cfg.n_aie)]
-        aie = head_effects(model, prompts, zbar)
-        v, A = function_vector(model, zbar, aie, cfg.heads)
-        l, sc = pick_layer(model, td.start, td.val, ref1, [v] * L, 'add',
-                           layers)
-        metrics['function_vector'] = _metrics(ref, test_edit(l, v, 'add'),
-                                              td.test)
+        with bar('function vector: heads, layers, test', cfg.n_aie + 2) as b:
+            _, nh, dh = _heads(model)
+            zbar = S['z'].mean(1).view(L, nh, dh)
+            g = torch.Generator().manual_seed(cfg.seed)
+            prompts = [_shuffled(tok, td, cfg.template, i % cfg.n_cal, g)
+                       for i in range(cfg.n_aie)]
+            v, A = function_vector(model, zbar, _aie(model, prompts, zbar, b),
+                                   cfg.heads)
+            l, sc = pick_layer(model, td.start, td.val, ref1, [v] * L, 'add',
+                               layers); b.update()
+            metrics['function_vector'] = _metrics(ref, test_edit(l, v, 'add'),
+                                                  td.test)
+            b.update()
         objs['function_vector'] = Compressed(
             'function_vector', layer=l, vector=v, start=td.start,
             template=cfg.template, info=dict(heads=A))
         res.update(function_vector_layer=l, function_vector_heads=A)
         secs['function_vector'] = time.perf_counter() - t0
-    names = [n for n in cfg.variants if n != 'thought vector']
     if 'thought_patch' in methods or 'thought_vector' in methods:
         t0 = time.perf_counter()
         want = (names if 'thought_patch' in methods else []) + (
             ['thought vector'] if 'thought_vector' in methods else [])
-        var, fits = {}, {}
-        for name in want:
-            tp = fit_variant(model, P, td.cal, name, S, cfg.lam, fits)
-            lpv = teacher_forced(model, P, vids, tp, keep=1)[
-                vrows, td.val.last]
-            rank = VARIANTS[name][1]
-            c = Compressed('thought_patch', name, patch=tp, rank=rank,
-                           shift=P.shape[1] - 1, start=td.start,
-                           template=cfg.template)
-            m = _metrics(ref, teacher_forced(model, P, td.test.ids, tp,
-                                             keep=1), td.test)
-            var[name] = dict(val=_first_scores(lpv, ref1, td.val.ids[
-                vrows, td.val.last + 1]), test=m, numel=c.numel(), obj=c)
+        with bar('thought patch: fit, validate, test', 3 * len(want)) as b:
+            var = _patches(model, td, want, S, cfg, firsts, ref, ref1, b)
         if 'thought vector' in var:
             tv = var.pop('thought vector')
             metrics['thought_vector'], numel['thought_vector'] = (
@@ -609,9 +627,14 @@ def evaluate(model, tok, task, cfg: CompressConfig = None,
         secs['thought_patch'] = time.perf_counter() - t0
     for k in ('task_vector', 'function_vector'):
         if k in objs: numel[k] = objs[k].numel()
-    for k, m in metrics.items(): res[k] = m['accuracy_first']
-    res.update(metrics=metrics, numel=numel,
-               seconds={k: round(v, 2) for k, v in secs.items()})
+    res.update({k: metrics[k]['accuracy_first'] if k in metrics else None
+                for k in METHODS}, thought_patch_kind=res.get(
+                    'thought_patch_kind'))
+    res.update(metrics=metrics, numel=numel, budget=dict(
+        numbers=cfg.budget, rank=rank, numel=numel.get('thought_patch'),
+        kv_cache=numel['icl']), seconds={k: round(v, 2) for k, v in
+                                         secs.items()})
+    res['method_seconds'] = res['seconds']        # kept by the CLI
     for k, c in objs.items():
         c.info.update(task=res['task'], shots=cfg.shots, test=metrics[k])
     return res, objs
@@ -625,23 +648,44 @@ def compress(model, tok, task, method: str = 'thought_patch',
     return evaluate(model, tok, task, cfg, methods=(method,))[1][method]
 
 # %% ../nbs/11d_compression.ipynb #f2ed366e
+def _threads(n: Optional[int]) -> int:
+    "Threads for the run: n, else the cores the machine's load leaves free."
+    if n is None and 'OMP_NUM_THREADS' not in os.environ:
+        try: free = (os.cpu_count() or 1) - round(os.getloadavg()[0])
+        except (OSError, AttributeError): free = torch.get_num_threads()
+        n = max(1, min(torch.get_num_threads(), free))
+    if n is not None: torch.set_num_threads(n)
+    return torch.get_num_threads()
+
 def run_compress(a: argparse.Namespace) -> dict:
-    "The `compress` sub-command: every method on SmolLM2, one result dict."
-    model, tok = load_pretrained('smollm2')
+    "The `compress` sub-command: the methods on SmolLM2, one result dict."
+    methods = tuple(a.methods or METHODS)
+    if a.save:
+        check_writable(a.save, '--save')
+        if 'thought_patch' not in methods:
+            raise ValueError("--save saves the thought patch: include "
+                             "thought_patch in --methods")
+    load_task(a.task)                      # a bad file fails before loading
     cfg = CompressConfig(shots=a.shots, n_cal=a.calibration,
                          n_val=a.validation, n_test=a.test, seed=a.seed,
-                         template=a.template)
-    t0 = time.perf_counter()
-    res, objs = evaluate(model, tok, a.task, cfg)
+                         template=a.template, rank=a.rank, budget=a.budget,
+                         max_tokens=a.max_tokens)
+    threads, t0 = _threads(a.threads), time.perf_counter()
+    if not a.quiet: print("loading SmolLM2 ...", file=sys.stderr, flush=True)
+    model, tok = load_pretrained('smollm2')
+    load_s, t0 = time.perf_counter() - t0, time.perf_counter()
+    res, objs = evaluate(model, tok, a.task, cfg, methods, not a.quiet)
     res['wall_s'] = round(time.perf_counter() - t0, 2)
-    if getattr(a, 'save', None): objs['thought_patch'].save(a.save)
+    res.update(load_s=round(load_s, 2), threads=threads)
+    if a.save: objs['thought_patch'].save(a.save)
     return res
 
+# %% ../nbs/11d_compression.ipynb #cli1parse
 def add_compress_parser(subparsers) -> argparse.ArgumentParser:
     "Add the `compress` sub-command to an argparse sub-parsers object."
     p = subparsers.add_parser(
         'compress', help='compress a few-shot prompt of a task file; every '
-        'method side by side on SmolLM2')
+        'method side by side on SmolLM2 (progress on stderr)')
     p.add_argument('--task', required=True, help='a JSON list of {"input", '
                    '"output"} objects, or a built-in task: '
                    + ', '.join(TASKS))
@@ -656,63 +700,17 @@ def add_compress_parser(subparsers) -> argparse.ArgumentParser:
                    help="one demonstration, ending in {output}")
     p.add_argument('--save', default=None,
                    help='save the best thought patch to this file')
+    p.add_argument('--methods', nargs='+', choices=METHODS, default=None,
+                   help='run only these (default: all)')
+    p.add_argument('--rank', type=int, default=None, help='thought patch: '
+                   'the optimal patch of this rank on every layer')
+    p.add_argument('--budget', type=int, default=None, help='thought patch: '
+                   'the largest rank storing at most this many numbers')
+    p.add_argument('--max-tokens', type=int, default=2048,
+                   help='refuse prompt + query longer than this')
+    p.add_argument('--threads', type=int, default=None, help='torch threads '
+                   '(default: the cores the load average leaves free)')
+    p.add_argument('--quiet', action='store_true',
+                   help='no progress on stderr')
     p.set_defaults(run=run_compress)
     return p
-
-# %% ../nbs/11d_compression.ipynb #27b5db0f
-def read_bench(path) -> list:
-    "The JSON lines of bench/compression.py."
-    return [json.loads(s) for s in Path(path).read_text().splitlines()
-            if s.strip()]
-
-def plot_methods(rows, methods=METHODS) -> 'matplotlib.figure.Figure':
-    "Figure: first-token accuracy per task and method, mean and spread."
-    import matplotlib.pyplot as plt, numpy as np
-    from icl_book.core import set_style
-    set_style()
-    tasks = list(dict.fromkeys(r['task'] for r in rows))
-    fig, ax = plt.subplots(figsize=(7.6, 8.4))   # tasks down the page
-    w = 0.84 / len(methods)
-    y = np.arange(len(tasks))
-    for i, m in enumerate(methods):
-        acc = [[r[m] for r in rows if r['task'] == t] for t in tasks]
-        mu = [np.mean(a) for a in acc]
-        sd = [np.std(a) for a in acc]
-        ax.barh(y + (i - len(methods) / 2 + .5) * w, mu, w, xerr=sd,
-                label={'icl': 'in-context'}.get(m, m.replace('_', ' ')),
-                capsize=2)
-    ax.set_yticks(y, tasks, fontsize=10); ax.invert_yaxis()
-    ax.set(xlabel='first-token accuracy (test)', xlim=(0, 1.02))
-    ax.legend(fontsize=9.5, ncol=3, loc='upper center',
-              bbox_to_anchor=(.42, -0.07), frameon=False)
-    fig.tight_layout()
-    return fig
-
-def plot_storage(rows) -> 'matplotlib.figure.Figure':
-    "Figure: mean accuracy against numbers stored, per method and variant."
-    import matplotlib.pyplot as plt, numpy as np
-    from icl_book.core import set_style
-    set_style()
-    pts = {}
-    for r in rows:
-        for m in ('icl', 'task_vector', 'function_vector', 'thought_vector'):
-            pts.setdefault(m.replace('_', ' '), []).append(
-                (r['numel'][m], r[m]))
-        for k, v in r.get('variants', {}).items():
-            pts.setdefault(f'patch: {k}', []).append(
-                (v['numel'], v['accuracy_first']))
-    fig, ax = plt.subplots(figsize=(7.6, 6.2))
-    marks = 'osD^v<>PX*hp'                  # one marker and colour per method:
-    for i, (k, p) in enumerate(pts.items()):   # a legend, not labels that collide
-        n, a = np.mean([q[0] for q in p]), np.mean([q[1] for q in p])
-        ax.scatter(n, a, s=46, marker=marks[i % len(marks)], zorder=3,
-                   color=plt.get_cmap('tab20')(i % 20),
-                   label=k.replace('icl', 'in-context (KV cache)'))
-    zs = np.mean([r['zero_shot'] for r in rows])
-    ax.axhline(zs, color='gray', ls=':', lw=1, label='zero-shot')
-    ax.set(xscale='log', xlabel='numbers stored',
-           ylabel='first-token accuracy (test, mean over tasks)')
-    ax.legend(fontsize=9, ncol=2, loc='upper center',
-              bbox_to_anchor=(.5, -0.13), frameon=False)
-    fig.tight_layout()
-    return fig

@@ -4,6 +4,8 @@
 
 # %% ../nbs/11c_compression.ipynb #c00211c
 from __future__ import annotations
+import copy, json, os, sys, time
+from pathlib import Path
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from typing import Optional
@@ -14,8 +16,11 @@ from .hf import check_model
 
 
 # %% auto #0
-__all__ = ['THOUGHT_KINDS', 'hook_layers', 'pad_batch', 'prompt_states', 'fit_thought_patch', 'call_positions', 'split_first',
-           'last_add', 'thought_patched', 'teacher_forced', 'compression_metrics', 'capitals', 'CompressionConfig']
+__all__ = ['THOUGHT_KINDS', 'METHODS', 'hook_layers', 'pad_batch', 'prompt_states', 'reduced_rank_fit', 'patch_numel',
+           'budget_rank', 'truncate', 'low_rank_factors', 'progress', 'check_writable', 'fit_thought_patch',
+           'call_positions', 'split_first', 'last_add', 'thought_patched', 'teacher_forced', 'compression_metrics',
+           'layer_output', 'prompt_cache', 'grown_cache', 'after_prompt', 'icl_logprobs', 'stream_edit',
+           'free_logprobs', 'read_bench', 'plot_methods', 'plot_storage', 'capitals', 'CompressionConfig']
 
 # %% ../nbs/11c_compression.ipynb #9edfa37e
 def hook_layers(stack: ExitStack, ad, on_h, on_first, on_last):
@@ -74,6 +79,116 @@ def prompt_states(model, prompt_ids, ids, mask) -> dict:
                   use_cache=False)
     return dict(layers=keep, n=n)
 
+# %% ../nbs/11c_compression.ipynb #rrr1fit
+def _top_outputs(M, Ac, lam: float, r: int) -> torch.Tensor:
+    "(H, ≤r): top right singular vectors of F = Ã Mᵀ, from FᵀF = M G Mᵀ."
+    (H, d), F = M.shape, Ac @ M.T                            # F (K, H)
+    if H <= d: C = F.T @ F + lam * M @ M.T                   # (H, H)
+    else:                                  # B (d, H) with BᵀB = M G Mᵀ
+        w, Q = torch.linalg.eigh(Ac.T @ Ac + lam * torch.eye(
+            d, dtype=Ac.dtype))
+        B = w.clamp(min=0).sqrt()[:, None] * (Q.T @ M.T)
+        C = B @ B.T                                          # (d, d)
+    s2, U = torch.linalg.eigh((C + C.T) / 2)
+    s2, U = s2.flip(0)[:r], U.flip(1)[:, :r]
+    U = U[:, s2 > s2[0].clamp(min=0) * 1e-13]                   # rank < r
+    if H > d: U = (B.T @ U) / s2[:U.shape[1]].sqrt()
+    return U
+
+def reduced_rank_fit(A: torch.Tensor,   # (K, d) inputs a_k
+                     V: torch.Tensor,   # (K, H) targets v_k
+                     lam: float = 0.,   # ridge λ (absolute)
+                     rank: Optional[int] = None,   # rank budget r of M
+                     bias: bool = True):           # fit β too
+    "M (H, d), β minimising Σ‖M a + β − v‖² + λ‖M‖² with rank(M) ≤ r."
+    A64, V64 = A.double(), V.double()
+    a_bar, v_bar = (A64.mean(0), V64.mean(0)) if bias else (0., 0.)
+    Ac, Vc = A64 - a_bar, V64 - v_bar
+    K, d = Ac.shape
+    if lam > 0 and K < d:              # the dual: Acᵀ (Ac Acᵀ + λI)⁻¹ Vc
+        L = torch.linalg.cholesky(Ac @ Ac.T + lam * torch.eye(
+            K, dtype=torch.float64))
+        M = (Ac.T @ torch.cholesky_solve(Vc, L)).T
+    else: M = fit_linear_patch(A64, V64, lam=lam, bias=bias)[0]
+    if rank is not None and rank < min(M.shape):
+        U = _top_outputs(M, Ac, lam, rank)
+        M = U @ (U.T @ M)
+    beta = v_bar - M @ a_bar
+    return M.to(A.dtype), (beta.to(A.dtype) if bias else None)
+
+# %% ../nbs/11c_compression.ipynb #bud1fn
+def patch_numel(tp: ThoughtPatch, rank: Optional[int] = None) -> int:
+    "Numbers stored: a rank-r matrix (m, n) as r(m + n) when fewer than mn."
+    n = 0
+    for M in tp.M + tp.M_out:
+        if M is not None:
+            n += M.numel() if rank is None else min(
+                M.numel(), rank * sum(M.shape))
+    return n + sum(t.numel() for t in tp.beta + tp.delta if t is not None)
+
+def _shapes(model, kind: str) -> list:
+    "Per layer, (matrix shape, bias size) of each part a patch of kind fits."
+    out = []
+    for lay in check_model(model).layers:
+        first = [linear_weight(m).shape for m in lay.first]
+        H, d = sum(s[0] for s in first), first[0][1]
+        last = tuple(linear_weight(lay.last).shape)
+        out += ([((H, d), H)] if kind == 'lstsq' else []) + [(last, last[0])]
+    return out
+
+def budget_rank(model, budget: int,      # numbers the patch may store
+                kind: str = 'lstsq_out') -> int:
+    "The largest rank r whose patch of `kind` on every layer fits `budget`."
+    if kind not in ('lstsq', 'lstsq_out'):
+        raise ValueError(f"a rank budget needs kind 'lstsq' or 'lstsq_out', "
+                         f"got {kind!r}")
+    if isinstance(budget, bool) or not isinstance(budget, int):
+        raise TypeError(f"the budget is a number of stored numbers (an int), "
+                        f"got {budget!r}")
+    parts = _shapes(model, kind)
+    cost = lambda r: sum(min(m * n, r * (m + n)) + b for (m, n), b in parts)
+    if budget < cost(1):
+        raise ValueError(f"a budget of {budget:,} numbers is below the "
+                         f"rank-1 {kind} patch ({cost(1):,} numbers on "
+                         f"{len(parts)} matrices); give at least that")
+    top = max(min(s) for s, _ in parts)
+    return max(r for r in range(1, top + 1) if cost(r) <= budget)
+
+# %% ../nbs/11c_compression.ipynb #bud1trunc
+def truncate(tp: ThoughtPatch, rank: int) -> ThoughtPatch:
+    "tp with every matrix replaced by its best rank-`rank` approximation."
+    def cut(M):
+        if M is None or rank >= min(M.shape): return M
+        U, s, Vh = torch.linalg.svd(M, full_matrices=False)
+        return (U[:, :rank] * s[:rank]) @ Vh[:rank]          # Eckart-Young
+    return ThoughtPatch([cut(M) for M in tp.M], tp.beta,
+                        [cut(M) for M in tp.M_out], tp.delta)
+
+def low_rank_factors(M: torch.Tensor, r: int) -> list:
+    "[A (m, r), B (r, n)] with A @ B = M for M of rank <= r."
+    U, s, Vh = torch.linalg.svd(M.double(), full_matrices=False)
+    return [(U[:, :r] * s[:r]).to(M.dtype), Vh[:r].to(M.dtype)]
+
+
+# %% ../nbs/11c_compression.ipynb #bud2pr
+def progress(desc: str, total: int, on: bool = True):
+    "A progress bar on stderr (tqdm, which transformers needs); off: silent."
+    from tqdm import tqdm
+    return tqdm(total=total, desc=desc, file=sys.stderr, disable=not on)
+
+def check_writable(path, what: str = 'the output') -> None:
+    "Refuse a file path that cannot be written, before any work is done."
+    p = Path(path)
+    if p.is_dir():
+        raise ValueError(f"{what} {str(p)!r} is a folder; give a file name, "
+                         f"e.g. {str(p / 'patch.pt')!r}")
+    if not p.parent.is_dir():
+        raise ValueError(f"{what} {str(p)!r}: the folder {str(p.parent)!r} "
+                         f"does not exist; create it or give another path")
+    if not os.access(p.parent, os.W_OK):
+        raise ValueError(f"{what} {str(p)!r}: the folder {str(p.parent)!r} "
+                         f"is not writable")
+
 # %% ../nbs/11c_compression.ipynb #c00711c
 THOUGHT_KINDS = ('lstsq', 'lstsq_out', 'bias', 'none')
 
@@ -109,8 +224,8 @@ def fit_thought_patch(model, prompt_ids, ids, mask, kind: str = 'lstsq_out',
             W = torch.cat([linear_weight(m) for m in lay.first])   # (ΣH, d)
             V = (S['a'] - af) @ W.T                          # targets
             if kind == 'lstsq':
-                tp.M[l], tp.beta[l] = fit_linear_patch(
-                    af, V, lam=ridge(af), rank=rank, bias=True)
+                tp.M[l], tp.beta[l] = reduced_rank_fit(
+                    af, V, lam=ridge(af), rank=rank)
             elif kind == 'bias': tp.beta[l] = V.mean(0)
             add[l] = split_first(lay, tp.M[l], tp.beta[l], a, sel)
         return add[l][j]
@@ -120,8 +235,8 @@ def fit_thought_patch(model, prompt_ids, ids, mask, kind: str = 'lstsq_out',
         S, g = states['layers'][l], pick(args[0])
         R = (S['h'] + S['y']) - (h_free[l] + pick(y))       # still missing
         if kind == 'lstsq_out' or kind == 'lstsq':
-            tp.M_out[l], tp.delta[l] = fit_linear_patch(
-                g, R, lam=ridge(g), rank=rank, bias=True)
+            tp.M_out[l], tp.delta[l] = reduced_rank_fit(
+                g, R, lam=ridge(g), rank=rank)
         else: tp.delta[l] = R.mean(0)
         return y + last_add(tp.M_out[l], tp.delta[l], args[0], sel)
 
@@ -213,6 +328,150 @@ def compression_metrics(ref, lp, ids, answer) -> dict:
                 kl_first=kl[first].mean().item(),
                 accuracy=(hit | ~answer).all(1).double().mean().item(),
                 accuracy_first=hit[first].double().mean().item())
+
+# %% ../nbs/11c_compression.ipynb #mv1cache
+def layer_output(o):
+    "A layer's output tensor (some versions return a tuple)."
+    return o[0] if isinstance(o, tuple) else o
+
+def prompt_cache(model, P, mask=None):
+    "The KV cache of the prompts P (B, n), right-padded where mask is 0."
+    with torch.no_grad():
+        out = model(P, use_cache=True, attention_mask=mask)
+    return out.cache if hasattr(out, 'cache') else out.past_key_values
+
+def grown_cache(cache, K: int):
+    "A copy of the prompt's cache for a batch of K queries."
+    c = copy.deepcopy(cache)
+    if K > 1: c.batch_repeat_interleave(K)
+    return c
+
+def after_prompt(net, n: int, cache, ids):
+    "net (model or base) on ids (K, T) after the cached prompt of length n."
+    K, T = ids.shape
+    return net(ids, attention_mask=torch.ones(K, n + T, dtype=torch.long,
+                                              device=ids.device),
+               position_ids=torch.arange(n, n + T, device=ids.device
+                                         ).expand(K, T),
+               cache=grown_cache(cache, K), use_cache=True)
+
+def icl_logprobs(model, P, ids, cache=None) -> torch.Tensor:
+    "Log-probs (K, T, V) along ids (K, T) after the prompt P (1, n)."
+    cache = prompt_cache(model, P) if cache is None else cache
+    with torch.no_grad():
+        out = after_prompt(model, P.shape[1], cache, ids)
+    return out.logits.log_softmax(-1)
+
+# %% ../nbs/11c_compression.ipynb #mv2edit
+@contextmanager
+def stream_edit(model, layer: int, vec: torch.Tensor, mode: str = 'replace',
+                at: Optional[torch.Tensor] = None):
+    "Replace or add to the stream after `layer` at (K,) positions `at`."
+    # at None: the last position of a call without a cache (generation)
+    if mode not in ('replace', 'add'):
+        raise ValueError(f"mode must be 'replace' or 'add', got {mode!r}")
+    arch = check_model(model)
+    if not 0 <= layer < len(arch.layers):
+        raise ValueError(f"layer must be in 0..{len(arch.layers) - 1}, got "
+                         f"{layer}")
+    state = dict(fresh=True)
+
+    def pre(m, args, kw):
+        c = kw.get('cache', kw.get('past_key_values'))
+        state['fresh'] = c is None or c.get_seq_length() == 0
+
+    def hook(m, args, o):
+        h = layer_output(o)
+        if at is None and not state['fresh']: return o
+        pos = (torch.full((h.shape[0],), h.shape[1] - 1) if at is None
+               else at).to(h.device)
+        rows, v = torch.arange(h.shape[0], device=h.device), vec.to(h)
+        h = h.clone()
+        h[rows, pos] = v if mode == 'replace' else h[rows, pos] + v
+        return (h,) + tuple(o[1:]) if isinstance(o, tuple) else h
+
+    with ExitStack() as st:
+        st.callback(arch.base.register_forward_pre_hook(
+            pre, with_kwargs=True).remove)
+        st.callback(arch.layers[layer].block.register_forward_hook(
+            hook).remove)
+        yield model
+
+def free_logprobs(model, start: int, ids, edit=None) -> torch.Tensor:
+    "Log-probs (K, T, V) along ids after the start token alone."
+    # edit: (layer, vec (d,), 'replace' | 'add', positions (K,) in ids)
+    K = ids.shape[0]
+    x = torch.cat([torch.full((K, 1), start, dtype=ids.dtype,
+                              device=ids.device), ids], 1)
+    with torch.no_grad(), ExitStack() as st:
+        if edit is not None:
+            l, v, mode, at = edit
+            st.enter_context(stream_edit(model, l, v, mode, at + 1))
+        lp = model(x, attention_mask=torch.ones_like(x), use_cache=False
+                   ).logits[:, 1:].log_softmax(-1)
+    return lp
+
+# %% ../nbs/11c_compression.ipynb #mv3plot
+METHODS = (        # the methods of the next chapter's benchmark
+    'zero_shot', 'icl', 'task_vector', 'function_vector',
+    'thought_patch', 'thought_vector')
+
+def read_bench(path) -> list:
+    "The JSON lines of bench/compression.py."
+    return [json.loads(s) for s in Path(path).read_text().splitlines()
+            if s.strip()]
+
+def plot_methods(rows, methods=METHODS) -> 'matplotlib.figure.Figure':
+    "Figure: first-token accuracy per task and method, mean and spread."
+    import matplotlib.pyplot as plt, numpy as np
+    from icl_book.core import set_style
+    set_style()
+    tasks = list(dict.fromkeys(r['task'] for r in rows))
+    fig, ax = plt.subplots(figsize=(7.6, 8.4))   # tasks down the page
+    w = 0.84 / len(methods)
+    y = np.arange(len(tasks))
+    for i, m in enumerate(methods):
+        acc = [[r[m] for r in rows if r['task'] == t] for t in tasks]
+        mu = [np.mean(a) for a in acc]
+        sd = [np.std(a) for a in acc]
+        ax.barh(y + (i - len(methods) / 2 + .5) * w, mu, w, xerr=sd,
+                label={'icl': 'in-context'}.get(m, m.replace('_', ' ')),
+                capsize=2)
+    ax.set_yticks(y, tasks, fontsize=10); ax.invert_yaxis()
+    ax.set(xlabel='first-token accuracy (test)', xlim=(0, 1.02))
+    ax.legend(fontsize=9.5, ncol=3, loc='upper center',
+              bbox_to_anchor=(.42, -0.07), frameon=False)
+    fig.tight_layout()
+    return fig
+
+def plot_storage(rows) -> 'matplotlib.figure.Figure':
+    "Figure: mean accuracy against numbers stored, per method and variant."
+    import matplotlib.pyplot as plt, numpy as np
+    from icl_book.core import set_style
+    set_style()
+    pts = {}
+    for r in rows:
+        for m in ('icl', 'task_vector', 'function_vector', 'thought_vector'):
+            pts.setdefault(m.replace('_', ' '), []).append(
+                (r['numel'][m], r[m]))
+        for k, v in r.get('variants', {}).items():
+            pts.setdefault(f'patch: {k}', []).append(
+                (v['numel'], v['accuracy_first']))
+    fig, ax = plt.subplots(figsize=(7.6, 6.2))
+    marks = 'osD^v<>PX*hp'                  # one marker and colour per method:
+    for i, (k, p) in enumerate(pts.items()):   # a legend, not labels that collide
+        n, a = np.mean([q[0] for q in p]), np.mean([q[1] for q in p])
+        ax.scatter(n, a, s=46, marker=marks[i % len(marks)], zorder=3,
+                   color=plt.get_cmap('tab20')(i % 20),
+                   label=k.replace('icl', 'in-context (KV cache)'))
+    zs = np.mean([r['zero_shot'] for r in rows])
+    ax.axhline(zs, color='gray', ls=':', lw=1, label='zero-shot')
+    ax.set(xscale='log', xlabel='numbers stored',
+           ylabel='first-token accuracy (test, mean over tasks)')
+    ax.legend(fontsize=9, ncol=2, loc='upper center',
+              bbox_to_anchor=(.5, -0.13), frameon=False)
+    fig.tight_layout()
+    return fig
 
 # %% ../nbs/11c_compression.ipynb #c01211c
 def capitals() -> dict:

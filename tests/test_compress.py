@@ -8,8 +8,10 @@ wheel is absent.
 """
 import argparse
 import json
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -295,7 +297,7 @@ def test_cli_parser_from_python_c():
     assert out.stdout.split() == ["antonym", "7", "10", "True"]
 
 
-# ---- SmolLM2, end to end --------------------------------------------------------
+# ---- SmolLM2, end to end ----------------------------------------------------
 @pytest.mark.skipif(missing("smollm2") is not None,
                     reason=str(missing("smollm2")))
 def test_smollm2_end_to_end():
@@ -313,3 +315,192 @@ def test_smollm2_end_to_end():
     with torch.no_grad(), c.applied(model):
         out = model.generate(q, max_new_tokens=3, do_sample=False)
     assert out.shape[1] > q.shape[1]
+
+
+# ---- task files: no duplicates, disjoint splits -----------------------------
+@pytest.mark.parametrize("name", C.TASKS)
+def test_task_files_have_no_duplicate_inputs_and_disjoint_splits(name):
+    raw = json.loads(C.task_file(name).read_text(encoding="utf-8"))
+    inputs = [ex["input"].strip() for ex in raw]
+    assert len(inputs) == len(set(inputs)), name
+    cfg = C.CompressConfig()
+    n = len(raw)
+    for seed in (0, 1, 2):
+        g = torch.Generator().manual_seed(seed)
+        order = [inputs[i] for i in torch.randperm(n, generator=g)]
+        cuts = [cfg.shots, cfg.n_cal, cfg.n_val, cfg.n_test]
+        parts, at = [], 0
+        for c in cuts:
+            parts.append(set(order[at:at + c]))
+            at += c
+        assert sum(map(len, parts)) == sum(cuts) == len(set().union(*parts))
+
+
+def test_capitals_have_no_duplicates():
+    from icl_book.compression import capitals
+    t = capitals()
+    names = [c for k in ("countries", "states") for c, _ in t[k]]
+    assert len(names) == len(set(names))
+
+
+def test_load_task_refuses_duplicate_inputs(tmp_path):
+    f = tmp_path / "dup.json"
+    f.write_text(json.dumps(PAIRS + [dict(input=" cat", output="x")]))
+    with pytest.raises(ValueError, match="item 18 repeats the input"):
+        C.load_task(f)
+
+
+# ---- rank budgets: the reduced-rank optimum ---------------------------------
+def _objective(A, V, M, b, lam):
+    return (((A @ M.T + b - V) ** 2).sum() + lam * (M ** 2).sum()).item()
+
+
+@pytest.mark.parametrize("lam", [0.0, 0.5])
+def test_reduced_rank_fit_is_the_constrained_optimum(lam):
+    from icl_book.compression import reduced_rank_fit
+    from icl_book.thought import fit_linear_patch
+    g = torch.Generator().manual_seed(11)
+    A = torch.randn(15, 3, dtype=torch.float64, generator=g)
+    V = torch.randn(15, 2, dtype=torch.float64, generator=g) + A[:, :2] @ \
+        torch.randn(2, 2, dtype=torch.float64, generator=g)
+    M, b = reduced_rank_fit(A, V, lam, rank=1)
+    assert torch.linalg.matrix_rank(M).item() == 1
+    J = _objective(A, V, M, b, lam)
+    # brute force: rank-1 M = u wᵀ, u = (cos t, sin t); best w, β in closed
+    # form for each t; a fine grid of t in [0, π)
+    Ac, Vc = A - A.mean(0), V - V.mean(0)
+    Gi = torch.linalg.inv(Ac.T @ Ac + lam * torch.eye(3, dtype=torch.float64))
+    best = float("inf")
+    for t in torch.linspace(0, torch.pi, 20001, dtype=torch.float64):
+        u = torch.stack([t.cos(), t.sin()])
+        w = Gi @ Ac.T @ (Vc @ u)
+        Mb = u[:, None] * w[None]
+        best = min(best, _objective(A, V, Mb, V.mean(0) - Mb @ A.mean(0),
+                                    lam))
+    assert J <= best + 1e-12 * J and best - J < 1e-6 * J
+    if lam > 0:     # the λ = 0 recipe (no ridge rows) is beaten by the grid
+        Mo, bo = fit_linear_patch(A, V, lam, rank=1, bias=True)
+        assert _objective(A, V, Mo, bo, lam) > best + 1e-9 * J
+
+
+def test_budget_numbers_stored_are_what_the_json_says(tiny, tmp_path):
+    from icl_book.compression import budget_rank
+    cfg = C.CompressConfig(shots=3, n_cal=6, n_val=4, n_test=5, seed=1,
+                           n_aie=1, budget=1000)
+    res, objs = C.evaluate(tiny, CharTok(), PAIRS, cfg,
+                           methods=("icl", "thought_patch"))
+    tp = objs["thought_patch"].patch
+    ranks = [torch.linalg.matrix_rank(M).item() for M in tp.M_out]
+    stored = sum(r * sum(M.shape) for r, M in zip(ranks, tp.M_out)) + sum(
+        d.numel() for d in tp.delta)
+    assert all(M is None for M in tp.M) and len(set(ranks)) == 1
+    assert res["budget"]["rank"] == ranks[0] == budget_rank(tiny, 1000)
+    assert res["budget"]["numel"] == res["numel"]["thought_patch"] == stored
+    assert stored <= 1000 < stored + 4 * sum(tp.M_out[0].shape)
+    assert res["budget"]["kv_cache"] == res["numel"]["icl"]
+    objs["thought_patch"].save(tmp_path / "b.pt")      # the file holds that
+    raw = torch.load(tmp_path / "b.pt", weights_only=True)["patch"]
+    parts = [t for k in ("M", "M_out", "beta", "delta") for x in raw[k]
+             for t in (x if isinstance(x, list) else [x]) if t is not None]
+    assert sum(t.numel() for t in parts) == stored
+    back = C.Compressed.load(tmp_path / "b.pt").patch
+    for a, b in zip(back.M_out, tp.M_out):
+        assert (a - b).abs().max() < 1e-10
+    with pytest.raises(ValueError, match="below the rank-1"):
+        C.evaluate(tiny, CharTok(), PAIRS, C.CompressConfig(
+            shots=3, n_cal=6, n_val=4, n_test=5, budget=10))
+
+
+def test_fast_layer_search_equals_a_whole_run_per_layer(tiny, td):
+    ids, rows, target = C._firsts(td.val)
+    ref1 = C.icl_logprobs(tiny, td.prompt, ids)[rows, td.val.last]
+    vecs = C.icl_states(tiny, td.prompt, td.cal)["out"].mean(1)
+    best, sc = C.pick_layer(tiny, 0, td.val, ref1, vecs, "replace", range(4),
+                            rows=4)
+    for layer in range(4):
+        lp = C.free_logprobs(tiny, 0, ids, (layer, vecs[layer], "replace",
+                                            td.val.last))[rows, td.val.last]
+        acc = (lp.argmax(-1) == target).double().mean().item()
+        kl = (ref1.exp() * (ref1 - lp)).sum(-1).mean().item()
+        assert abs(sc[layer][0] - acc) < 1e-12
+        assert abs(sc[layer][1] + kl) < 1e-10
+
+
+def test_nested_applied_is_refused(tiny, td):
+    v = torch.randn(32, dtype=torch.float64)
+    c = C.Compressed("function_vector", layer=1, vector=v, start=0)
+    x = torch.cat([torch.zeros(6, 1, dtype=torch.long), td.cal.ids], 1)
+    with torch.no_grad():
+        plain = tiny(x).logits
+        with c.applied(tiny):
+            once = tiny(x).logits
+            with pytest.raises(RuntimeError, match="already applied"):
+                with c.applied(tiny):
+                    pass
+            assert torch.equal(tiny(x).logits, once)
+        assert torch.equal(tiny(x).logits, plain)
+
+
+def test_huge_examples_are_refused(tiny):
+    big = PAIRS[:-1] + [dict(input="x" * 20000, output="y")]
+    cfg = C.CompressConfig(shots=3, n_cal=6, n_val=4, n_test=5, seed=1)
+    with pytest.raises(ValueError, match="position limit"):
+        C.evaluate(tiny, CharTok(), big, cfg)
+    cfg.max_tokens = 30
+    with pytest.raises(ValueError, match=r"more than 30 \(max_tokens"):
+        C.evaluate(tiny, CharTok(), PAIRS, cfg)
+
+
+# ---- the command line, as a user runs it ------------------------------------
+_MAIN = """
+import sys, icl_book.compress as C
+from icl_book.families import tiny_model
+sys.path.insert(0, {tests!r})
+from test_compress import CharTok
+def boom(name):
+    raise AssertionError('the model was loaded')
+model = tiny_model('llama', layers=4)
+C.load_pretrained = boom if {boom} else (lambda name: (model, CharTok()))
+from icl_book.__main__ import main
+main(sys.argv[1:])
+"""
+
+
+def _cli(tmp_path, *args, boom=False):
+    f = tmp_path / "reverse.json"
+    f.write_text(json.dumps(PAIRS))
+    code = _MAIN.format(tests=str(Path(__file__).parent), boom=boom)
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).parents[1]))
+    return subprocess.run(
+        [sys.executable, "-c", code, "compress", "--task", str(f),
+         "--shots", "3", "--calibration", "6", "--validation", "4",
+         "--test", "5", *args], capture_output=True, text=True,
+        timeout=300, env=env)
+
+
+def test_cli_progress_on_stderr_and_last_stdout_line_is_json(tmp_path):
+    out = _cli(tmp_path, "--methods", "icl", "task_vector", "thought_patch",
+               "--rank", "2")
+    assert out.returncode == 0, out.stderr[-2000:]
+    for stage in ("in-context reference", "task vector", "thought patch"):
+        assert stage in out.stderr, stage
+    assert "reference" not in out.stdout
+    res = json.loads(out.stdout.strip().splitlines()[-1])
+    for k in ("task", "shots", "n_test", "zero_shot", "icl", "task_vector",
+              "function_vector", "thought_patch", "thought_patch_kind",
+              "numel", "wall_s", "budget"):
+        assert k in res, k
+    assert res["function_vector"] is None and res["zero_shot"] is None
+    assert res["budget"]["rank"] == 2
+    assert res["thought_patch_kind"] == "lstsq_out rrr2"
+    secs = res["method_seconds"]     # per method, not the CLI's total
+    assert set(secs) == {"icl", "task_vector", "thought_patch"}
+    assert isinstance(res["seconds"], float)
+
+
+def test_cli_save_is_checked_before_any_work(tmp_path):
+    out = _cli(tmp_path, "--save", str(tmp_path / "no" / "such" / "tp.pt"),
+               boom=True)
+    assert out.returncode == 2
+    assert "does not exist" in out.stderr and "Traceback" not in out.stderr
+    assert "the model was loaded" not in out.stderr
