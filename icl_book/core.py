@@ -10,9 +10,9 @@ import torch
 
 # %% auto #0
 __all__ = ['DTYPES', 'TOLERANCE', 'check_int', 'seed_everything', 'resolve_dtype', 'rel_err', 'check_same', 'check_finite',
-           'check_float', 'check_flag', 'check_real_tensor', 'held_by', 'check_not_held', 'InPlace', 'set_style',
-           'glue_figure', 'table_style', 'fmt_count', 'fmt_ratio', 'fmt_time', 'fmt_bytes', 'available_memory',
-           'check_memory']
+           'check_float', 'check_flag', 'check_real_tensor', 'held_by', 'check_not_held', 'InPlace', 'hold_sigint',
+           'release_sigint', 'sigint_critical', 'set_style', 'glue_figure', 'table_style', 'fmt_count', 'fmt_ratio',
+           'fmt_time', 'fmt_bytes', 'available_memory', 'check_memory']
 
 # %% ../nbs/00_core.ipynb #8f510863
 def check_int(name: str, value, low: int = 1, high=None) -> int:
@@ -198,12 +198,13 @@ class InPlace(_Edit):
         try:
             _guard_sigint()
             with _LOCK: self._claim()
-            if _SIG['pending']: raise KeyboardInterrupt   # held back: undo
+            if _SIG['pending'] and not _DEPTH.n:   # held back: undo
+                raise KeyboardInterrupt
             return self.owner if self.owner is not None else self.edits[0][0]
         except BaseException as e:          # interrupted or refused: undo
             ki = isinstance(e, KeyboardInterrupt)
             self._undo()
-            if _SIG['pending']:             # no call after this read
+            if _SIG['pending'] and not _DEPTH.n:  # no call after this read
                 _SIG['pending'] = False
                 if not ki: raise KeyboardInterrupt from e
             raise
@@ -211,20 +212,26 @@ class InPlace(_Edit):
     def __exit__(self, *exc) -> bool:
         try: self._undo()
         except BaseException: self._undo(); raise   # finish, then propagate
-        if _SIG['pending']:                 # a Ctrl-C held back: raise it now
+        if _SIG['pending'] and not _DEPTH.n:   # held back: raise it now
             _SIG['pending'] = False; raise KeyboardInterrupt
         return False
 
 # %% ../nbs/00_core.ipynb #c0inpl05
-_SIG = {'prev': None, 'pending': False}
+_SIG = {'prev': None, 'pending': False, 'busy': False}
+class _Depth(threading.local): n = 0       # open hold_sigint sections
+_DEPTH = _Depth()
 
 def _on_sigint(signum, frame):
-    "Ctrl-C: held back inside InPlace's own code, else the former handler."
-    if frame is not None and frame.f_code in _CRITICAL:
+    "Ctrl-C: held back in InPlace's code or a held section, else passed on."
+    if _DEPTH.n > 0 or frame is not None and frame.f_code in _CRITICAL:
         _SIG['pending'] = True; return
     prev = _SIG['prev']
-    if callable(prev): return prev(signum, frame)
-    if prev != signal.SIG_IGN: raise KeyboardInterrupt
+    if _SIG['busy'] or not callable(prev):  # a chain back to us: stop here
+        if prev == signal.SIG_IGN and not _SIG['busy']: return
+        raise KeyboardInterrupt
+    _SIG['busy'] = True
+    try: return prev(signum, frame)
+    finally: _SIG['busy'] = False
 
 def _guard_sigint() -> None:
     "Install `_on_sigint` (main thread only: signals are handled there)."
@@ -233,8 +240,24 @@ def _guard_sigint() -> None:
         _SIG['prev'] = signal.getsignal(signal.SIGINT)
         signal.signal(signal.SIGINT, _on_sigint)
 
+def hold_sigint() -> None:
+    "Open a section that holds a Ctrl-C back (close: `release_sigint`)."
+    _DEPTH.n += 1; _guard_sigint()
+
+def release_sigint() -> None:
+    "Close a held section; at the outermost, raise a Ctrl-C it held back."
+    _DEPTH.n -= 1
+    if _DEPTH.n == 0 and _SIG['pending']:
+        _SIG['pending'] = False; raise KeyboardInterrupt
+
+def sigint_critical(fn):
+    "Hold a Ctrl-C back while `fn`'s own frame runs (a generator's too)."
+    _CRITICAL.add(getattr(fn, '__wrapped__', fn).__code__)
+    return fn
+
 _CRITICAL = {f.__code__ for f in (InPlace.__enter__, InPlace.__exit__,
                                   InPlace._claim, InPlace._undo)}
+sigint_critical(hold_sigint)     # a Ctrl-C before its first line: held
 
 # %% ../nbs/00_core.ipynb #fb16f0f9
 def set_style() -> None:

@@ -9,7 +9,8 @@ from contextlib import ExitStack, contextmanager
 from typing import NamedTuple, Optional
 import torch
 from torch import nn
-from .core import check_same, rel_err
+from .core import (
+    check_same, rel_err, hold_sigint, release_sigint, sigint_critical)
 from .blocks import RankOne
 from .deep import PATCH_MODES
 from .families import (Adapter, FAMILIES, SUPPORTED, TINY_ARCHS,
@@ -18,7 +19,7 @@ from .hf_checks import (
     LayerPatch, HFPatch, ModelState, check_model, check_ids, check_length,
     check_mask, check_types, check_finite, head_reads_outside, drop_pooled,
     model_state, refuse_stale, restored, weights_changed, check_patch,
-    check_call, claim, check_owner, check_mode, Deferred, write_weights,
+    check_call, claim, check_owner, check_mode, write_weights,
     _moe_first, _moe_last, _rotary_same)
 from .weights import (INSTALL, WHEELS, cache_dir, load_pretrained,
                               missing, weights_path)
@@ -386,6 +387,7 @@ def _layer_err(out, ref, qmask) -> float:
     return rel_err(out, ref)
 
 # %% ../nbs/11b_patches.ipynb #c01211b
+@sigint_critical                      # a Ctrl-C lands after enter/exit
 @contextmanager
 def patched(model, patches: HFPatch, inplace: bool = False):
     "Inside, model(query) sees the context; positions and mask filled in."
@@ -444,8 +446,7 @@ def patched(model, patches: HFPatch, inplace: bool = False):
                 "since context_patches (dynamic RoPE after a longer call): "
                 "compute the patches again")
 
-    Deferred.install(); st, opened = ExitStack(), False
-    Deferred.local.depth += 1                  # no Ctrl-C while changing
+    hold_sigint(); st, opened = ExitStack(), False  # no Ctrl-C while changing
     try:
         claim(st, ad)
         reg = lambda h, **kw: st.callback(h(**kw).remove)
@@ -467,15 +468,15 @@ def patched(model, patches: HFPatch, inplace: bool = False):
             _hooks(st, ad, B, block_pre=block_pre, first=first, last=last,
                    post=post, moe=moe)
         expect.append(model_state(ad))
-        opened = True; Deferred.release()      # a deferred Ctrl-C: here
+        opened = True; release_sigint()        # a held-back Ctrl-C: here
         yield model
     finally:
-        if opened: Deferred.local.depth += 1
+        if opened: hold_sigint()
         try:
             st.close()                         # restores written weights
             if written and patches.state:
                 restored(patches.state, ad, written)
-        finally: Deferred.release()
+        finally: release_sigint()
 
 
 

@@ -4,7 +4,7 @@
 
 # %% ../nbs/11ac_hf_checks.ipynb #hf_che002
 from __future__ import annotations
-import signal, threading, weakref
+import threading, weakref
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from typing import NamedTuple, Optional
@@ -18,7 +18,7 @@ from .discovery import find_adapter, input_embeddings, norm_rounds
 # %% auto #0
 __all__ = ['LayerPatch', 'ModelState', 'HFPatch', 'check_model', 'check_ids', 'position_limit', 'check_length', 'check_mask',
            'check_types', 'check_finite', 'head_reads_outside', 'drop_pooled', 'model_state', 'weights_changed',
-           'restored', 'refuse_stale', 'check_patch', 'check_call', 'check_owner', 'claim', 'check_mode', 'Deferred',
+           'restored', 'refuse_stale', 'check_patch', 'check_call', 'check_owner', 'claim', 'check_mode',
            'write_weights']
 
 # %% ../nbs/11ac_hf_checks.ipynb #hf_che005
@@ -391,38 +391,6 @@ def check_mode(ad: Adapter, model) -> None:
             f"are in training mode ({', '.join(train[:3])}): the patches "
             "were computed in eval mode; call model.eval()")
 
-# %% ../nbs/11ac_hf_checks.ipynb #hf_che023
-class Deferred:
-    "A Ctrl-C while `local.depth` > 0 (main thread) is raised at depth 0."
-    local = threading.local()              # depth, pending: per thread
-
-    @classmethod
-    def install(cls) -> None:
-        "Chain our SIGINT handler in front of the current one (main thread)."
-        cls.local.__dict__.setdefault('depth', 0)
-        cls.local.__dict__.setdefault('pending', False)
-        if threading.current_thread() is not threading.main_thread(): return
-        cur = signal.getsignal(signal.SIGINT)
-        if getattr(cur, '__self__', None) is cls: return
-        cls.prev = cur
-        signal.signal(signal.SIGINT, cls.handler)
-
-    @classmethod
-    def handler(cls, signum, frame):
-        if getattr(cls.local, 'depth', 0) > 0:
-            cls.local.pending = True; return
-        prev = getattr(cls, 'prev', None)
-        if callable(prev): return prev(signum, frame)
-        if prev != signal.SIG_IGN: raise KeyboardInterrupt
-
-    @classmethod
-    def release(cls) -> None:
-        "Leave a critical section; raise the interrupt it deferred."
-        cls.local.depth -= 1
-        if cls.local.depth == 0 and cls.local.pending:
-            cls.local.pending = False
-            raise KeyboardInterrupt
-
 # %% ../nbs/11ac_hf_checks.ipynb #hf_che025
 def _moe_first(P: torch.Tensor, r: RankOne, b: int, t: int) -> torch.Tensor:
     "ΔP at one position: u reshaped to P's leading axes, times v."
@@ -456,8 +424,8 @@ def write_weights(st: ExitStack, ad: Adapter, patches: HFPatch,
         if param.device.type == 'meta':
             raise ValueError("inplace=True cannot write into offloaded "
                              "weights: use the default inplace=False")
+        written.append(param)    # first: a Ctrl-C may land inside the write
         st.enter_context(patched_weights(param, upd.detach().to(param.dtype)))
-        written.append(param)
 
     for lay, p in zip(ad.layers, patches.layers):
         if lay.moe is not None:                 # parameters, 2-D or 3-D

@@ -273,6 +273,22 @@ def test_ctrl_c_at_random_instants_leaves_nothing_behind(inplace):
         output(m, x)
 
 
+def test_ctrl_c_after_both_kinds_of_patched_block_is_a_keyboardinterrupt():
+    """hf's held sections and core's in-place edits share one SIGINT handler:
+    after patched(inplace=True) and patched() in turn a Ctrl-C outside any
+    block is a plain KeyboardInterrupt (two handlers chained into each other
+    raised RecursionError here)."""
+    m = tiny_model("llama", "float64", layers=2, d=16)
+    C, x = ids(1, 6, 0), ids(1, 1, 1)
+    p = context_patches(m, C, x)
+    for _ in range(2):
+        for inplace in (True, False):
+            with torch.no_grad(), patched(m, p, inplace=inplace):
+                output(m, x)
+    with pytest.raises(KeyboardInterrupt):
+        signal.raise_signal(signal.SIGINT)
+
+
 # ------------------------------------------------------- crashes, messages
 def test_moe_patches_under_inference_mode():
     m = tiny_model("mixtral", layers=2, d=16)
