@@ -34,9 +34,11 @@ def _window(ad, model) -> tuple:
                  ['sliding_attention' if win else 'full_attention'] * L)
     return (win if 'sliding_attention' in kinds else None), kinds
 
-def _check_prefix_model(ad, model, n: int, q: int) -> None:
+def _check_prefix_model(ad, model, n: int, q: int, mode: str) -> None:
     "Refuse what the one-pass construction does not describe."
     cfg = model.config
+    if mode not in PATCH_MODES:
+        raise ValueError(f"mode must be one of {PATCH_MODES}, got {mode!r}")
     if ad.family.pattern == 'post-LN' or getattr(cfg, 'is_encoder_decoder',
                                                   False):
         raise TypeError(
@@ -55,6 +57,7 @@ def _check_prefix_model(ad, model, n: int, q: int) -> None:
             f"{cfg.window_size} tokens in code, not through the mask, and "
             f"the prompt has {n + q}: shorten it or use method='loop'")
 
+# %% ../nbs/11e_lm_dynamics.ipynb #c00512e
 def _pack_mask(n: int, lo: int, m: int, q: int, dtype, device,
                window: Optional[int] = None):
     "Additive mask (1, 1, m q, n + m q): copy k sees c_1..lo+k and itself."
@@ -74,14 +77,10 @@ def _pack_mask(n: int, lo: int, m: int, q: int, dtype, device,
 # %% ../nbs/11e_lm_dynamics.ipynb #c00911e
 _BUDGET = 2 ** 25          # numbers held per chunk (factors, scores)
 
-def _numel(t) -> int:
-    "Factor numbers per position of a map: its rows and columns."
-    w = getattr(t, 'weight', t)
-    return w.shape[:-1].numel() + w.shape[-1]
-
 def _chunk_size(ad, n: int, q: int) -> int:
     "Prefixes per batched pass, so factors and scores stay under _BUDGET."
-    per = q * sum(_numel(m) for lay in ad.layers for m in
+    size = lambda w: w.shape[:-1].numel() + w.shape[-1]   # u and v of a map
+    per = q * sum(size(getattr(m, 'weight', m)) for lay in ad.layers for m in
                   (*lay.first, *(lay.last if lay.moe is not None
                                  else (lay.last,))))
     return max(1, min(n, _BUDGET // max(per, q * (n + q))))
@@ -130,6 +129,7 @@ def _alibi(ad, mask, keypos):
                 hook, with_kwargs=True).remove)
         yield torch.ones(1, keypos.numel(), dtype=torch.long, device=dev)
 
+# %% ../nbs/11e_lm_dynamics.ipynb #c01011x
 def _packed(ad, model, cache, key: str, ids, pos, n: int, lo: int) -> list:
     "With-context records (m, q, ·) of the m query copies after the cache."
     (m, q), dev = ids.shape, ids.device
@@ -216,12 +216,10 @@ def _prefix_chunks(model, context_ids, query_ids, mode: str = 'rank1',
             f"the one-pass patches take one sequence, context_ids (1, n); "
             f"got a batch of {context_ids.shape[0]}: loop over sequences")
     ad = check_model(model)
-    if mode not in PATCH_MODES:
-        raise ValueError(f"mode must be one of {PATCH_MODES}, got {mode!r}")
     check_ids(ad, model, context_ids=context_ids, query_ids=query_ids)
     n, q = context_ids.shape[1], query_ids.shape[1]
     check_length(model, ad, n, q)
-    _check_prefix_model(ad, model, n, q)
+    _check_prefix_model(ad, model, n, q, mode)
     sample = _sample(n, check, seed)
     if chunk is None: chunk = _chunk_size(ad, n, q)
     if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
@@ -381,6 +379,15 @@ def _loop_time(model, C, x, U, n: int, k: int) -> tuple:
     a = T_.mean() - b * L_.mean()
     return (n * a + b * n * (n + 1) / 2).item(), len(pts), a, b, max(diffs)
 
+def _side_by_side(runs: dict, repeats: int) -> tuple:
+    "Median seconds of each run, interleaved `repeats` times; last results."
+    ts, out = {k: [] for k in runs}, {}
+    for _ in range(repeats):
+        for k, f in runs.items():
+            t0 = time.perf_counter(); out[k] = f()
+            ts[k].append(time.perf_counter() - t0)
+    return [sorted(v)[len(v) // 2] for v in ts.values()], out
+
 # %% ../nbs/11e_lm_dynamics.ipynb #c02613e
 def bench_hf_trajectory(n: int = 512, loop_prefixes: int = 8,
                         repeats: int = 1, seed: int = 0, model=None,
@@ -403,15 +410,9 @@ def bench_hf_trajectory(n: int = 512, loop_prefixes: int = 8,
     runs = dict(one=lambda: prefix_updates(model, C, x, check=check,
                                            return_errors=True),
                 closed=lambda: prefix_updates(model, C, x, check='all'),
-                fwd=lambda: model(ids))
-    ts, out = {k: [] for k in runs}, {}
-    with torch.no_grad():
-        prefix_updates(model, C[:, :4], x); model(ids[:, :8])  # warm-up
-        for _ in range(repeats):                 # interleaved, side by side
-            for k, f in runs.items():
-                t0 = time.perf_counter(); out[k] = f()
-                ts[k].append(time.perf_counter() - t0)
-    one, closed, fwd = (sorted(v)[len(v) // 2] for v in ts.values())
+                fwd=torch.no_grad()(lambda: model(ids)))
+    prefix_updates(model, C[:, :4], x); runs['fwd']()      # warm-up
+    (one, closed, fwd), out = _side_by_side(runs, repeats)
     (U, errs), U_all = out['one'], out['closed']
     loop, calls, a, b, diff = _loop_time(model, C, x, U, n, loop_prefixes)
     return dict(model=name, n=n, query=1, repeats=repeats,
@@ -419,8 +420,7 @@ def bench_hf_trajectory(n: int = 512, loop_prefixes: int = 8,
                     _sample(n, check, seed)), onepass_s=round(one, 4),
                 closed_s=round(closed, 4), forward_s=round(fwd, 4),
                 loop_s=round(loop, 2), loop_timed_calls=calls,
-                loop_fit=dict(a_s=round(a.item(), 5),
-                              b_s_per_token=round(b.item(), 7)),
+                loop_s_per_token=round(b.item(), 7),
                 speedup=round(loop / one, 1),
                 forward_ratio=round(one / fwd, 2),
                 forward_ratio_closed=round(closed / fwd, 2),

@@ -18,8 +18,9 @@ from hypothesis import given, settings, strategies as st  # noqa: E402
 from conftest import random_ids, snapshot  # noqa: E402
 from icl_book.blocks import RankOne  # noqa: E402
 from icl_book.core import rel_err  # noqa: E402
-from icl_book.hf import (context_patches, missing, patched, tiny_model,  # noqa: E402
-                         token_updates, token_updates_loop)
+from icl_book.hf import (context_patches, missing,  # noqa: E402
+                         patched, tiny_model, token_updates,
+                         token_updates_loop)
 from icl_book.lm_dynamics import (bench_hf_trajectory,  # noqa: E402
                                   convergence_prompt, prefix_patches,
                                   prefix_updates, PROMPT_KINDS)
@@ -116,7 +117,8 @@ def test_bad_inputs_are_refused():
         (lambda: prefix_patches(m, C, x, mode="dense"), "mode"),
         (lambda: prefix_patches(tiny_model("bert"), C, x), "both directions"),
         (lambda: prefix_patches(tiny_model("gpt_neo"),
-                                random_ids(1, 12, 0, low=2), x), "local layers"),
+                                random_ids(1, 12, 0, low=2), x),
+         "local layers"),
         (lambda: prefix_patches(tiny_model("bloom"), C, x), "position_ids"),
         (lambda: prefix_patches(m, C, x, check=True), "check must be"),
         (lambda: prefix_patches(m, C, x, check=-1), "check must be"),
