@@ -624,6 +624,13 @@ def token_updates_loop(model, context_ids: torch.Tensor,
     if not isinstance(context_ids, torch.Tensor) or context_ids.shape[0] != 1:
         raise ValueError("token_updates takes one sequence: context_ids "
                          "(1, n)")
+    pattern = check_model(model).family.pattern
+    if pattern in ('parallel', 'post-norm'):       # first maps never move
+        raise ValueError(
+            f"the loop measures the first MLP matrices, which a {pattern} "
+            "block's context does not reach: use the one-pass default "
+            "(it measures the map that carries the context) and its "
+            "check='all' for the full closed-loop comparison")
     prev, steps = None, []
     for i in range(1, context_ids.shape[1] + 1):
         p = context_patches(model, context_ids[:, :i], query_ids)
@@ -637,15 +644,20 @@ def token_updates_loop(model, context_ids: torch.Tensor,
     return torch.stack(steps)                          # (n, L)
 
 def token_updates(model, context_ids: torch.Tensor, query_ids: torch.Tensor,
-                  method: str = 'one-pass', chunk=None) -> torch.Tensor:
+                  method: str = 'one-pass', chunk=None, part=None,
+                  check=8, seed: int = 0) -> torch.Tensor:
     "(n, L): ||ΔW(c_1..i) - ΔW(c_1..i-1)||_F per context token and layer."
     if method == 'loop':
+        if part not in (None, 'first'):
+            raise ValueError("method='loop' measures the first matrices "
+                             f"only, not part={part!r}")
         return token_updates_loop(model, context_ids, query_ids)
     if method != 'one-pass':
         raise ValueError(f"method must be 'one-pass' or 'loop', got "
                          f"{method!r}")
     from icl_book.lm_dynamics import prefix_updates   # its home: 11e
-    return prefix_updates(model, context_ids, query_ids, chunk=chunk)
+    return prefix_updates(model, context_ids, query_ids, chunk=chunk,
+                          part=part, check=check, seed=seed)
 
 # %% ../nbs/11b_patches.ipynb #c05011b
 def plot_token_updates(U: torch.Tensor, labels) -> 'matplotlib.figure.Figure':
