@@ -6,7 +6,7 @@
 from __future__ import annotations
 from dataclasses import dataclass
 import torch
-from .core import check_int
+from .core import check_int, check_float, check_real_tensor
 from .trajectories import stack_trajectory, trajectory_summaries
 from .tasks import Prompts, sample_prompts
 from .train import CHECKPOINTS, load_model, model_for
@@ -37,11 +37,16 @@ def late_over_early(inc: torch.Tensor, frac: float = 0.1) -> float:
 
 def tail_slope(inc: torch.Tensor, start: float = 0.5) -> float:
     "Log-log slope of the median increment against i+1 over the last positions."
+    check_real_tensor('inc', inc, 2)              # (runs, n) increments
+    start = check_float('start', start, 0, 1)
     med = inc.double().median(0).values                     # (n,)
     s = int(start * len(med))
     if len(med) - s < 2:
         raise ValueError(f"a slope needs >= 2 positions after start={start}; "
                          f"the increments have {len(med)} positions")
+    if not (torch.isfinite(med[s:]).all() and (med[s:] > 0).all()):
+        raise ValueError("a log-log slope needs positive, finite median "
+                         "increments over the fitted positions")
     x = torch.arange(s + 1, len(med) + 1, dtype=torch.float64).log()
     y = med[s:].log()
     x, y = x - x.mean(), y - y.mean()

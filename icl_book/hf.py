@@ -10,7 +10,8 @@ from typing import NamedTuple, Optional
 import torch
 from torch import nn
 from .core import (
-    check_same, rel_err, hold_sigint, release_sigint, sigint_critical)
+    check_same, rel_err, check_int, check_float, hold_sigint, release_sigint,
+    sigint_critical)
 from .blocks import RankOne
 from .deep import PATCH_MODES
 from .families import (Adapter, FAMILIES, SUPPORTED, TINY_ARCHS,
@@ -230,6 +231,7 @@ def context_patches(model, context_ids: torch.Tensor, query_ids: torch.Tensor,
     ad = check_model(model)
     if mode not in PATCH_MODES:
         raise ValueError(f"mode must be one of {PATCH_MODES}, got {mode!r}")
+    if min_norm is not None: check_float('min_norm', min_norm, 0, strict=True)
     check_ids(ad, model, context_ids=context_ids, query_ids=query_ids)
     (B, n), q = context_ids.shape, query_ids.shape[1]
     check_length(model, ad, n, q)
@@ -260,7 +262,7 @@ def closed_loop_pass(ad: Adapter, ctx: list, query_ids, qmask, pos,
     dW = [[[] for _ in lay.first] for lay in ad.layers]
     rest, free, outs = ([[] for _ in range(L)] for _ in range(3))
     tiny = lambda t: torch.finfo(t.dtype).tiny if min_norm is None \
-        else float(min_norm) ** 2
+        else check_float('min_norm', min_norm, 0, strict=True) ** 2
 
     def block_pre(l, x):
         win.reset(l); free[l] = dict(x=x, b=0., h=[])
@@ -597,9 +599,7 @@ def generate_without_context(model, context_ids: torch.Tensor,
     if not ad.lm:
         raise TypeError(f"generation needs a causal LM head (a "
                         f"*ForCausalLM model); got a {ad.name}")
-    if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens must be a positive integer, got "
-                         f"{max_new_tokens!r}")
+    check_int('max_new_tokens', max_new_tokens, 1)    # True is no count
     eos, pad = _eos(model)
     eos_t = torch.tensor(eos, dtype=torch.long, device=query_ids.device)
     q, logits = query_ids, []

@@ -377,6 +377,13 @@ BAD27 = {
         ValueError, 'chunk'),
     'additive_gd at 1e160': (lambda: dynamics.additive_gd(1e160 * rand(2, 4, 8)),
                              ValueError, 'too large'),
+    'tail_slope(1-D)': (lambda: convergence.tail_slope(torch.ones(10)),
+                        ValueError, 'inc must have 2'),
+    'tail_slope(zeros)': (lambda: convergence.tail_slope(torch.zeros(2, 10)),
+                          ValueError, 'positive, finite'),
+    'tail_slope(start=nan)': (
+        lambda: convergence.tail_slope(torch.ones(2, 10), math.nan),
+        ValueError, 'start'),
 }
 
 

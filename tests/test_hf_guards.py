@@ -289,6 +289,24 @@ def test_ctrl_c_after_both_kinds_of_patched_block_is_a_keyboardinterrupt():
         signal.raise_signal(signal.SIGINT)
 
 
+@pytest.mark.parametrize("kw,words", [
+    (dict(min_norm=-1), "min_norm must be a finite real number > 0"),
+    (dict(min_norm=True), "min_norm must be a finite real number"),
+    (dict(min_norm=float("nan")), "min_norm must be a finite real number"),
+])
+def test_context_patches_refuse_bad_min_norm(kw, words):
+    m = tiny_model("llama", "float64", layers=1, d=16)
+    with pytest.raises(ValueError, match=words):
+        context_patches(m, ids(1, 4, 0), ids(1, 1, 1), **kw)
+
+
+def test_generation_refuses_a_bool_token_count():
+    m = tiny_model("llama", "float64", layers=1, d=16)
+    with pytest.raises(ValueError, match="max_new_tokens must be an integer"):
+        generate_without_context(m, ids(1, 4, 0), ids(1, 1, 1),
+                                 max_new_tokens=True)
+
+
 # ------------------------------------------------------- crashes, messages
 def test_moe_patches_under_inference_mode():
     m = tiny_model("mixtral", layers=2, d=16)
