@@ -510,6 +510,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                      'icl_book.lm_monitor.monitor_scores': ('lm_monitor.html#monitor_scores', 'icl_book/lm_monitor.py'),
                                      'icl_book.lm_monitor.roc_auc': ('lm_monitor.html#roc_auc', 'icl_book/lm_monitor.py')},
             'icl_book.patch': { 'icl_book.patch._check_patch_inputs': ('token_patch.html#_check_patch_inputs', 'icl_book/patch.py'),
+                                'icl_book.patch.check_block': ('token_patch.html#check_block', 'icl_book/patch.py'),
                                 'icl_book.patch.check_token_patch': ('token_patch.html#check_token_patch', 'icl_book/patch.py'),
                                 'icl_book.patch.chunk_kinds': ('token_patch.html#chunk_kinds', 'icl_book/patch.py'),
                                 'icl_book.patch.chunk_mask': ('token_patch.html#chunk_mask', 'icl_book/patch.py'),

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple, Optional
 import torch
+from .core import check_int
 from .thought import ThoughtPatch
 from .weights import load_pretrained
 from .hf import check_model
@@ -665,6 +666,7 @@ def run_compress(a: argparse.Namespace) -> dict:
         if 'thought_patch' not in methods:
             raise ValueError("--save saves the thought patch: include "
                              "thought_patch in --methods")
+    check_int('--seed', a.seed, 0, 2 ** 63 - 1)     # what torch can seed
     load_task(a.task)                      # a bad file fails before loading
     cfg = CompressConfig(shots=a.shots, n_cal=a.calibration,
                          n_val=a.validation, n_test=a.test, seed=a.seed,

@@ -620,17 +620,10 @@ def generate_without_context(model, context_ids: torch.Tensor,
 # %% ../nbs/11b_patches.ipynb #c04611b
 def token_updates_loop(model, context_ids: torch.Tensor,
                        query_ids: torch.Tensor) -> torch.Tensor:
-    "token_updates by one context_patches per prefix (the reference)."
+    "token_updates of the first matrices, one context_patches per prefix."
     if not isinstance(context_ids, torch.Tensor) or context_ids.shape[0] != 1:
         raise ValueError("token_updates takes one sequence: context_ids "
                          "(1, n)")
-    pattern = check_model(model).family.pattern
-    if pattern in ('parallel', 'post-norm'):       # first maps never move
-        raise ValueError(
-            f"the loop measures the first MLP matrices, which a {pattern} "
-            "block's context does not reach: use the one-pass default "
-            "(it measures the map that carries the context) and its "
-            "check='all' for the full closed-loop comparison")
     prev, steps = None, []
     for i in range(1, context_ids.shape[1] + 1):
         p = context_patches(model, context_ids[:, :i], query_ids)
@@ -648,9 +641,14 @@ def token_updates(model, context_ids: torch.Tensor, query_ids: torch.Tensor,
                   check=8, seed: int = 0) -> torch.Tensor:
     "(n, L): ||ΔW(c_1..i) - ΔW(c_1..i-1)||_F per context token and layer."
     if method == 'loop':
-        if part not in (None, 'first'):
-            raise ValueError("method='loop' measures the first matrices "
-                             f"only, not part={part!r}")
+        pattern = check_model(model).family.pattern
+        if part not in (None, 'first') or part is None and pattern in (
+                'parallel', 'post-norm'):            # first maps never move
+            raise ValueError(
+                "method='loop' measures the first MLP matrices, which a "
+                f"{pattern} block's context does not reach: use the one-pass "
+                "default (it measures the map that carries the context) with "
+                "check='all', or part='first' for the loop's own measure")
         return token_updates_loop(model, context_ids, query_ids)
     if method != 'one-pass':
         raise ValueError(f"method must be 'one-pass' or 'loop', got "

@@ -403,6 +403,7 @@ def bench_hf_trajectory(n: int = 512, loop_prefixes: int = 8,
                          "extrapolated from a line through its timings")
     name = 'SmolLM2-135M-Instruct' if model is None else type(model).__name__
     if model is None: model, _ = load_pretrained('smollm2')
+    check_length(model, check_model(model), n, 1)   # before any run
     g = torch.Generator().manual_seed(seed)
     V = model.get_input_embeddings().weight.shape[0]
     ids = torch.randint(0, V, (1, n + 1), generator=g)

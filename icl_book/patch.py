@@ -11,8 +11,8 @@ from .core import (InPlace, check_finite, check_same, rel_err,
 from .blocks import ATTENTION_KINDS, ContextualBlock, RankOne, make_block
 
 # %% auto #0
-__all__ = ['token_patch_factors', 'token_patch', 'chunk_mask', 'remove_chunk', 'chunk_patch', 'patched_weights', 'chunk_kinds',
-           'check_token_patch', 'plot_patch_errors']
+__all__ = ['token_patch_factors', 'token_patch', 'chunk_mask', 'remove_chunk', 'check_block', 'chunk_patch', 'patched_weights',
+           'chunk_kinds', 'check_token_patch', 'plot_patch_errors']
 
 # %% ../nbs/02_token_patch.ipynb #89210583
 def _check_patch_inputs(W, a_full, a_ref, min_norm=None):
@@ -109,13 +109,17 @@ def remove_chunk(C: torch.Tensor, Y) -> torch.Tensor:
     return C[:, ~chunk_mask(Y, C.shape[1], C.device)]
 
 # %% ../nbs/02_token_patch.ipynb #f7d88b9d
+def check_block(block, fn: str) -> None:
+    "Refuse anything but a ContextualBlock, pointing stacks to deep."
+    if not isinstance(block, ContextualBlock):
+        raise TypeError(f"{fn} takes a ContextualBlock, got "
+                        f"{type(block).__name__}; for a PreLNStack or TinyLM "
+                        "use icl_book.deep.context_patches")
+
 def chunk_patch(block: ContextualBlock, C: torch.Tensor, x: torch.Tensor,
                 Y=None, min_norm=None) -> RankOne:
     "Factors of ΔW(Y) for `block`, context C (B, n, d), query x; Y=None means Y = C."
-    if not isinstance(block, ContextualBlock):
-        raise TypeError(f"chunk_patch takes a ContextualBlock, got "
-                        f"{type(block).__name__}; for a PreLNStack or TinyLM "
-                        "use icl_book.deep.context_patches")
+    check_block(block, 'chunk_patch')
     n = C.shape[1] if isinstance(C, torch.Tensor) and C.dim() == 3 else None
     if n is None:
         raise ValueError("C must be a context tensor (B, n, d); for no context "

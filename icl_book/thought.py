@@ -10,7 +10,7 @@ from typing import List, NamedTuple, Optional
 import torch
 from .core import check_finite, check_float, check_int, check_same
 from .blocks import ContextualBlock, PreLNStack
-from .patch import token_patch_factors
+from .patch import check_block, token_patch_factors
 
 # %% auto #0
 __all__ = ['FIT_KINDS', 'fit_linear_patch', 'block_thought_data', 'fit_block_thought_patch', 'block_patch_error',
@@ -51,6 +51,7 @@ def fit_linear_patch(A: torch.Tensor, V: torch.Tensor, lam: float = 0.0,
 # %% ../nbs/09_thought_patch.ipynb #d1d75200
 def block_thought_data(block: ContextualBlock, C: torch.Tensor, X: torch.Tensor):
     "Regression data of the static patch: a_k = A(x_k) (K, d), u_k = W ΔA_k (K, H)."
+    check_block(block, 'block_thought_data')
     if C.dim() != 2 or X.dim() != 2:
         raise ValueError(f"C must be one context (n, d) and X queries (K, d); got "
                          f"{tuple(C.shape)} and {tuple(X.shape)}")

@@ -12,7 +12,7 @@ from .core import check_int, check_memory, check_same, rel_err
 from .blocks import (
     Attention, ContextualBlock, ContextualLayer,
     PreLNStack, RankOne, RecurrentLayer, StackConfig, as_seq)
-from .patch import token_patch_factors
+from .patch import check_block, token_patch_factors
 from .deep import BlockPatch, block_patch_factors
 
 # %% auto #0
@@ -80,6 +80,7 @@ def block_trajectory(block: ContextualBlock, C: torch.Tensor,
                      x: torch.Tensor, min_norm=None,
                      grad: bool = False) -> RankOne:
     "ΔW_i for i = 1..n in one pass: u (B, n, H), v (B, n, d); grad: keep graph."
+    check_block(block, 'block_trajectory')
     with torch.set_grad_enabled(grad):
         A = prefix_outputs(block.layer, C, x)             # (B, n+1, d)
         A0 = A[:, :1].expand_as(A[:, 1:])                 # reference A(x)
@@ -88,6 +89,7 @@ def block_trajectory(block: ContextualBlock, C: torch.Tensor,
 def block_trajectory_naive(block: ContextualBlock, C: torch.Tensor,
                            x: torch.Tensor, min_norm=None) -> RankOne:
     "The same, with one forward pass of the block per prefix."
+    check_block(block, 'block_trajectory_naive')
     n = C.shape[1]
     A = torch.stack([block.A(C[:, :i], x) for i in range(1, n + 1)], 1)
     A0 = block.A(None, x)[:, None].expand_as(A)           # (B, n, d)

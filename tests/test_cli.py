@@ -83,6 +83,8 @@ def test_reproduce_prints_the_claims_numbers(claim, keys):
     (["verify", "--seed", str(2**64)], "seed must be an integer in 0.."),
     (["bench", "trajectory", "--seed", str(2**64)], "seed must be an integer"),
     (["verify", "--heads", "3"], "multiple of heads=3"),
+    (["compress", "--task", "antonym", "--seed", str(2**64), "--quiet"],
+     "--seed must be an integer in 0.."),          # before SmolLM2 loads
 ])
 def test_huge_or_bad_sizes_are_one_line_not_a_traceback(args, msg):
     r, _ = run(*args)

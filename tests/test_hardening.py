@@ -377,6 +377,12 @@ BAD27 = {
         ValueError, 'chunk'),
     'additive_gd at 1e160': (lambda: dynamics.additive_gd(1e160 * rand(2, 4, 8)),
                              ValueError, 'too large'),
+    'block_trajectory(a stack)': (
+        lambda: trajectories.block_trajectory(stack(), C, X), TypeError,
+        'block_trajectory takes a ContextualBlock'),
+    'block_thought_data(a stack)': (
+        lambda: thought.block_thought_data(stack(), C[0], rand(4, 8)),
+        TypeError, 'block_thought_data takes a ContextualBlock'),
     'tail_slope(1-D)': (lambda: convergence.tail_slope(torch.ones(10)),
                         ValueError, 'inc must have 2'),
     'tail_slope(zeros)': (lambda: convergence.tail_slope(torch.zeros(2, 10)),
