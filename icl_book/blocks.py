@@ -10,7 +10,8 @@ from typing import NamedTuple, Optional
 import torch
 from torch import nn
 import torch.nn.functional as F
-from .core import (check_finite, check_flag, check_int, check_not_held,
+from .core import (check_finite, check_flag, check_int, check_memory,
+                           check_not_held,
                            check_same,
                            resolve_dtype, seed_everything)
 
@@ -186,6 +187,7 @@ def make_layer(kind: str, d: int, heads: int = 1,
     "A contextual layer of width `d`: one of `LAYER_KINDS`."
     check_int('d (the width)', d); check_int('heads', heads)
     check_flag('causal', causal)
+    check_memory(f"a {kind} layer of width {d}", 64 * d * d)  # 8 d² doubles
     if kind == 'softmax': return SoftmaxAttention(d, heads, causal)
     if kind == 'linear': return LinearAttention(d, heads, causal)
     if kind in RecurrentLayer.cells:
@@ -373,6 +375,8 @@ def make_block(kind: str = 'softmax', d: int = 8, d_hidden: int = 32,
                heads: int = 2, causal: bool = True, depth: int = 2,
                dtype='float64', seed: int = 0) -> ContextualBlock:
     "A randomly initialised contextual block of the given layer kind."
+    check_int('d_hidden', d_hidden); check_int('depth', depth)
+    check_memory("a block of these sizes", 64 * d * (d + d_hidden * depth))
     seed_everything(seed)
     heads = heads if kind in ATTENTION_KINDS else 1
     blk = ContextualBlock(make_layer(kind, d, heads, causal),
@@ -421,6 +425,9 @@ class StackConfig:
             if getattr(self, k) is not None: check_int(k, getattr(self, k))
         check_int('seed', self.seed, 0, 2**63 - 1); resolve_dtype(self.dtype)
         check_flag('causal', self.causal)
+        d, e = self.d_model, (self.d_in or 0) + (self.d_out or 0)
+        check_memory("a Pre-LN stack of these sizes", 64 * (
+            self.depth * d * (d + self.d_mlp) + d * e))    # doubles, twice
 
 # %% ../nbs/01_contextual_blocks.ipynb #6bf493c8
 class PreLNStack(nn.Module):

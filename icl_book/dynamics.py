@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 from typing import NamedTuple
 import torch
-from .core import (check_finite, check_float, check_int,
+from .core import (check_finite, check_float, check_int, check_memory,
                            check_real_tensor, check_same)
 from .blocks import LinearAttention, RankOne
 from .patch import token_patch_factors
@@ -113,6 +113,7 @@ def gd_linear_attention(w0: torch.Tensor, eta: float,
     check_int('n (the number of examples the step averages over)', n)
     check_float('eta (the step size)', eta); check_finite(w0=w0)
     d = w0.shape[0]; D = d + 1; dt = w0.dtype
+    check_memory("a linear attention of this width", 64 * D * D)
     layer = LinearAttention(D, heads=1).to(dt)
     QK = torch.zeros(D, D, dtype=dt); QK[:d, :d] = torch.eye(d)
     V = torch.zeros(D, D, dtype=dt); V[d, :d] = -w0; V[d, d] = 1.

@@ -8,7 +8,7 @@ import math
 from dataclasses import dataclass
 from typing import NamedTuple, Optional
 import torch
-from .core import check_float, check_int, check_real_tensor
+from .core import check_float, check_int, check_memory, check_real_tensor
 
 # %% auto #0
 __all__ = ['TaskConfig', 'Prompts', 'sample_prompts', 'with_context', 'query_tokens', 'ridge', 'ols', 'baseline_predict',
@@ -57,6 +57,9 @@ def sample_prompts(cfg: TaskConfig, batch: int, g: torch.Generator,
     "Draw `batch` tasks and one prompt each (n_ctx, n_query override `cfg`)."
     n = cfg.n_ctx if n_ctx is None else n_ctx
     q = cfg.n_query if n_query is None else n_query
+    check_int('batch', batch); check_int('n_ctx', n, 0); check_int('n_query', q)
+    check_memory("a batch of these prompts",
+                 32 * batch * (n + q) * (cfg.d + 2))    # X, y, tokens
     if n < 0 or q < 1 or batch < 1:
         raise ValueError(f"need n_ctx >= 0, n_query >= 1 and batch >= 1; got "
                          f"n_ctx={n}, n_query={q}, batch={batch}")
@@ -156,6 +159,7 @@ def plot_baselines(curves: dict, cfg: TaskConfig):
 def query_mask(n: int, q: int) -> torch.Tensor:
     "Attention mask (n+q, n+q): causal context; each query sees C and itself."
     n, q = check_int('n (context length)', n, 0), check_int('q (queries)', q)
+    check_memory("a query mask of this size", 2 * (n + q) ** 2)
     m = torch.ones(n + q, n + q, dtype=torch.bool).tril()
     m[n:, n:] = torch.eye(q, dtype=torch.bool)
     return m

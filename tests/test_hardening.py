@@ -383,6 +383,25 @@ BAD27 = {
     'block_thought_data(a stack)': (
         lambda: thought.block_thought_data(stack(), C[0], rand(4, 8)),
         TypeError, 'block_thought_data takes a ContextualBlock'),
+    'make_block(d=10**7)': (lambda: blocks.make_block(d=10**7, heads=1),
+                            MemoryError, 'a block of these sizes needs about'),
+    'make_layer(gru, 10**6)': (lambda: blocks.make_layer('gru', 10**6),
+                               MemoryError, 'gru layer of width'),
+    'PreLNStack(d_model=10**6)': (
+        lambda: blocks.PreLNStack(blocks.StackConfig(d_model=10**6, heads=1)),
+        MemoryError, 'Pre-LN stack of these sizes'),
+    'query_mask(10**7, 1)': (lambda: tasks.query_mask(10**7, 1), MemoryError,
+                             'query mask of this size'),
+    'sample_prompts(batch=10**10)': (
+        lambda: tasks.sample_prompts(tasks.TaskConfig(), 10**10, g()),
+        MemoryError, 'a batch of these prompts needs'),
+    'sample_prompts(batch=2.0)': (
+        lambda: tasks.sample_prompts(tasks.TaskConfig(), 2.0, g()),
+        ValueError, 'batch must be an integer'),
+    'gd_linear_attention(d=10**7)': (
+        lambda: dynamics.gd_linear_attention(torch.zeros(10**7, dtype=f64),
+                                             0.1, 3),
+        MemoryError, 'linear attention of this width'),
     'tail_slope(1-D)': (lambda: convergence.tail_slope(torch.ones(10)),
                         ValueError, 'inc must have 2'),
     'tail_slope(zeros)': (lambda: convergence.tail_slope(torch.zeros(2, 10)),
