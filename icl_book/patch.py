@@ -39,8 +39,14 @@ def _check_patch_inputs(W, a_full, a_ref, min_norm=None):
             f"{a_ref.dtype}: ||a||^2 overflows (largest ||a|| "
             f"{n.max().item():.3g}), and the patch divides by it. Rescale the "
             "inputs or use float64.")
+    nf = a_full.norm(dim=-1)
+    if not bool(torch.isfinite(nf).all()):
+        raise ValueError(
+            f"the with-context vector a_full is too large for {a_full.dtype}: "
+            f"its norm overflows (it is not the reference that is near "
+            "zero). Rescale the inputs or use float64.")
     tol = (torch.full_like(n, min_norm) if min_norm is not None else
-           torch.clamp(fi.eps * a_full.norm(dim=-1), min=fi.tiny ** 0.5))
+           torch.clamp(fi.eps * nf, min=fi.tiny ** 0.5))
     bad = ~(n > tol)
     if bad.any():
         idx = tuple(bad.nonzero()[0].tolist())

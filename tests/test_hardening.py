@@ -402,6 +402,11 @@ BAD27 = {
         lambda: dynamics.gd_linear_attention(torch.zeros(10**7, dtype=f64),
                                              0.1, 3),
         MemoryError, 'linear attention of this width'),
+    'token_patch(a_full overflows)': (
+        lambda: patch.token_patch(rand(3, 4), torch.full((4,), 1e308,
+                                                         dtype=f64),
+                                  rand(4)),
+        ValueError, 'a_full is too large'),
     'tail_slope(1-D)': (lambda: convergence.tail_slope(torch.ones(10)),
                         ValueError, 'inc must have 2'),
     'tail_slope(zeros)': (lambda: convergence.tail_slope(torch.zeros(2, 10)),
