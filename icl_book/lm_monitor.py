@@ -8,12 +8,13 @@ import torch
 from .compress import load_task
 from .lm_dynamics import prefix_patches
 
-def _tokens(tok, text: str) -> list:
-    return tok(text, add_special_tokens=False).input_ids
-
 # %% auto #0
 __all__ = ['DETECTORS', 'fewshot_prompt', 'roc_auc', 'bootstrap_auc', 'answer_surprisal', 'example_updates', 'monitor_scores',
            'detector_table', 'combined']
+
+# %% ../nbs/11f_lm_monitor.ipynb #c00212f
+def _tokens(tok, text: str) -> list:
+    return tok(text, add_special_tokens=False).input_ids
 
 # %% ../nbs/11f_lm_monitor.ipynb #c00511f
 def fewshot_prompt(tok, k: int = 8, seed: int = 0,

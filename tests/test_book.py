@@ -288,9 +288,7 @@ KNOWN = {
         "nbs/12_cli": ["key | value | key"],
     },
     "math-error": {},          # page -> the red/erroneous TeX
-    "raw-tex": {               # page -> text around the TeX outside maths
-        "nbs/04_dynamics": ["$", "e_{d+1} = (0, \\dots, 0, 1)", "\\mathbb R^{d+1}", "y$, and"],
-    },
+    "raw-tex": {},             # page -> text around the TeX outside maths
     "uncaptioned-table": {     # page -> the table's first header cells
         "nbs/11a_families": ["pattern | first | last"],
         "nbs/11b_patches": ["bfloat16 | float16 | bert"],
@@ -301,15 +299,11 @@ KNOWN = {
         "nbs/03_deep": ["2-core machine"],
         "nbs/04a_trajectories": ["Both were dropped", "2-core machine"],
         "nbs/11_pretrained": ["no machine that builds this book",
-                              "No machine that builds this book", "took 6.8 s"],
-        "nbs/11b_patches": ["for old imports", "took 6 s", "took 1 s", "took 0.47 s"],
-        "nbs/11c_compression": ["took 144 s"],
-        "nbs/11d_compression": ["took 122 s"],
-        "nbs/11e_lm_dynamics": ["MODELS.md", "(goal: ", "2-core machine"],
+                              "No machine that builds this book"],
+        "nbs/11b_patches": ["for old imports"],
         "nbs/reproduction": ["not in the available text"],   # the monitoring row
     },
     "glued-plural": {          # page -> the matched words
-        "nbs/04a_trajectories": ["1 minutes", "1 PyTorch thread(s)"],
         "nbs/11d_compression": ["seeds on 9 tasks seeds", "1 points"],
     },
     "wrong-doc-link": {        # page -> "name -> target (defined in)"
