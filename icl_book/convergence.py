@@ -32,6 +32,9 @@ def late_over_early(inc: torch.Tensor, frac: float = 0.1) -> float:
                          " they need a context of at least one example")
     if not 0 < frac <= 0.5:
         raise ValueError(f"frac must be in (0, 0.5], got {frac}")
+    if not bool(torch.isfinite(inc).all()):
+        raise ValueError("the increments hold NaN or inf: check the model "
+                         "and the contexts they came from")
     k = max(1, round(frac * inc.shape[-1]))
     return (inc[..., -k:].mean() / inc[..., :k].mean()).item()
 

@@ -8,7 +8,8 @@ import math
 from dataclasses import dataclass
 from typing import NamedTuple, Optional
 import torch
-from .core import check_float, check_int, check_memory, check_real_tensor
+from .core import (check_finite, check_float, check_int, check_memory,
+                           check_real_tensor)
 
 # %% auto #0
 __all__ = ['TaskConfig', 'Prompts', 'sample_prompts', 'with_context', 'query_tokens', 'ridge', 'ols', 'baseline_predict',
@@ -93,6 +94,7 @@ def ridge(X: torch.Tensor, y: torch.Tensor, lam: float = 0.) -> torch.Tensor:
     "Ridge estimate of w (B, d) from X (B, n, d), y (B, n); lam=0 is OLS."
     X, y = check_real_tensor('X', X, 3), check_real_tensor('y', y, 2)
     lam = check_float('lam (the ridge penalty)', lam, low=0)
+    check_finite(X=X, y=y)
     B, n, d = X.shape
     if y.shape != (B, n):
         raise ValueError(f"y must be (B, n) = {(B, n)} like X {tuple(X.shape)}"

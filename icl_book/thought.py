@@ -37,6 +37,9 @@ def fit_linear_patch(A: torch.Tensor, V: torch.Tensor, lam: float = 0.0,
     Ac, Vc = A64 - a_bar, V64 - v_bar                      # (K, d), (K, H)
     if lam > 0:     # ridge: (AᵀA + λI) Mᵀ = AᵀV, positive definite -> Cholesky
         G = Ac.T @ Ac + lam * torch.eye(A.shape[1], dtype=torch.float64)
+        if not bool(torch.isfinite(G).all()):
+            raise ValueError("A is too large for the ridge solve: AᵀA "
+                             "overflows float64; rescale A (and V)")
         Mt = torch.cholesky_solve(Ac.T @ Vc, torch.linalg.cholesky(G))   # (d, H)
     else:           # min-norm least squares with a singular-value cut-off
         Mt = torch.linalg.lstsq(Ac, Vc, rcond=rcond, driver='gelsd').solution
@@ -69,6 +72,7 @@ def fit_block_thought_patch(block: ContextualBlock, C: torch.Tensor,
 
 def block_patch_error(block: ContextualBlock, C, X, M=None, beta=None) -> float:
     "Mean ||T_{W+M}(x) - T_W(C, x)||² over the queries X (K, d)."
+    check_block(block, 'block_patch_error')
     with torch.no_grad():
         target = block(C.expand(X.shape[0], *C.shape), X)
         out = block.mlp(block.A(None, X), dW=M, db=beta)
@@ -131,6 +135,10 @@ class ContextStates(NamedTuple):
 
 def with_context_states(stack: PreLNStack, C: torch.Tensor, X: torch.Tensor):
     "Run [C, x_k] for every query x_k (K, d_in); keep what the fit needs."
+    if not isinstance(stack, PreLNStack):
+        raise TypeError(f"with_context_states takes a PreLNStack, got "
+                        f"{type(stack).__name__}; for one ContextualBlock "
+                        "use block_thought_data")
     K = X.shape[0]
     seqs = torch.cat([C.expand(K, *C.shape), X[:, None]], 1)  # (K, n+1, d_in)
     with torch.no_grad():

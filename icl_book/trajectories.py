@@ -255,6 +255,9 @@ def trajectory_stats(model, C: torch.Tensor, x: torch.Tensor, chunk: int = 16,
                      mode: str = 'bias') -> TrajectoryStats:
     "Trajectory statistics of a ContextualBlock or PreLNStack, by chunks."
     chunk = check_int('chunk (tasks per pass)', chunk); stats = TrajectoryStats()
+    if C.shape[0] == 0:
+        raise ValueError("C holds no tasks (batch 0): the statistics of no "
+                         "trajectory are undefined")
     with torch.no_grad():
         for s in range(0, C.shape[0], chunk):
             Cb, xb = C[s:s + chunk], x[s:s + chunk]

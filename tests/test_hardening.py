@@ -407,6 +407,23 @@ BAD27 = {
                                                          dtype=f64),
                                   rand(4)),
         ValueError, 'a_full is too large'),
+    'ridge(NaN X)': (lambda: tasks.ridge(nan_at(rand(2, 5, 3)), rand(2, 5), .1),
+                     ValueError, 'X is not finite'),
+    'late_over_early(NaN)': (
+        lambda: convergence.late_over_early(nan_at(torch.ones(2, 20))),
+        ValueError, 'NaN or inf'),
+    'trajectory_stats(batch 0)': (
+        lambda: trajectories.trajectory_stats(block(), C[:0], X[:0]),
+        ValueError, 'batch 0'),
+    'block_patch_error(a stack)': (
+        lambda: thought.block_patch_error(stack(), C[0], rand(4, 8)),
+        TypeError, 'block_patch_error takes a ContextualBlock'),
+    'with_context_states(a block)': (
+        lambda: thought.with_context_states(block(), C[0], rand(4, 8)),
+        TypeError, 'with_context_states takes a PreLNStack'),
+    'fit_linear_patch(A at 1e200)': (
+        lambda: thought.fit_linear_patch(1e200 * rand(6, 3), rand(6, 2), .1),
+        ValueError, 'overflows float64'),
     'tail_slope(1-D)': (lambda: convergence.tail_slope(torch.ones(10)),
                         ValueError, 'inc must have 2'),
     'tail_slope(zeros)': (lambda: convergence.tail_slope(torch.zeros(2, 10)),
