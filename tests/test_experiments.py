@@ -66,7 +66,7 @@ def test_prompts_are_deterministic_and_well_formed():
 def test_bad_task_inputs_are_refused():
     with pytest.raises(ValueError, match="sparsity"):
         sample_prompts(TaskConfig(sparsity=0), 2, gen())
-    with pytest.raises(ValueError, match="n_query >= 1"):
+    with pytest.raises(ValueError, match="n_query must be an integer >= 1"):
         sample_prompts(TaskConfig(), 2, gen(), n_query=0)
     p = sample_prompts(TaskConfig(), 2, gen(), n_ctx=4)
     with pytest.raises(ValueError, match="'ols', 'ridge' or 'zero'"):
