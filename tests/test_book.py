@@ -489,10 +489,7 @@ import notation_table  # noqa: E402  (tools/notation_table.py)
 
 # symbols the chapters use that the notation page does not list yet, and
 # symbols the notation page lists in two rows (two meanings); both must shrink
-KNOWN_UNLISTED = {
-    "l",   # 04_dynamics: prose typeset as maths ("the last standard basis vector
-           # of"), the unbalanced $ of its linear-attention line (issue 24, item 2)
-}
+KNOWN_UNLISTED: set = set()   # empty: a symbol used and not listed fails
 KNOWN_DOUBLE = {
     "k",   # index of an absorbed token/example (04, 09) and the top-k of a mixture
            # of experts (11a_families): 11a's count needs its own letter
