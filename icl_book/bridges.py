@@ -6,7 +6,7 @@
 from __future__ import annotations
 import torch
 from .core import check_finite, check_int, check_same
-from .tasks import query_tokens, sample_prompts
+from .regression import query_tokens, sample_prompts
 from .train import CHECKPOINTS, load_model
 from .trajectories import stack_trajectory, trajectory_summaries
 from .thought import (fit_stack_thought_patch, stack_patch_error,

@@ -17,7 +17,7 @@ from .hf import (HFPatch, LayerPatch, SELF_CHECK_TOL, accepts_kwarg,
                          closed_loop_pass, context_patches, model_dtype,
                          patched, refuse_mismatch, with_context_pass)
 from .weights import load_pretrained
-from .convergence import tail_slope
+from .trajectories import tail_slope
 from .compress import load_task
 
 # %% auto #0

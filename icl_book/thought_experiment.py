@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import pandas as pd
 import torch
 from .core import check_int, set_style
-from .tasks import query_tokens, sample_prompts
+from .regression import query_tokens, sample_prompts
 from .train import CHECKPOINTS, load_model
 from .thought import FIT_KINDS, fit_stack_thought_patch
 from .thought import stack_patch_error, with_context_states

@@ -8,7 +8,8 @@ import math, statistics, time
 from dataclasses import replace
 from typing import Optional
 import torch
-from .core import check_int, check_memory, check_same, rel_err
+from .core import (check_float, check_int, check_memory, check_real_tensor,
+                           check_same, rel_err)
 from .blocks import (
     Attention, ContextualBlock, ContextualLayer,
     PreLNStack, RankOne, RecurrentLayer, StackConfig, as_seq)
@@ -18,7 +19,8 @@ from .deep import BlockPatch, block_patch_factors
 # %% auto #0
 __all__ = ['prefix_streams', 'prefix_outputs', 'block_trajectory', 'block_trajectory_naive', 'stack_trajectory',
            'stack_trajectory_naive', 'patch_rel_diff', 'trajectory_rel_diff', 'trajectory_summaries', 'TrajectoryStats',
-           'trajectory_stats', 'topic_switch_context', 'plot_trajectory_dynamics', 'bench_trajectory']
+           'trajectory_stats', 'late_over_early', 'tail_slope', 'topic_switch_context', 'plot_trajectory_dynamics',
+           'bench_trajectory']
 
 # %% ../nbs/04a_trajectories.ipynb #36ae6c58
 def _recurrent_streams(layer: RecurrentLayer, Zc, Zs,
@@ -267,6 +269,37 @@ def trajectory_stats(model, C: torch.Tensor, x: torch.Tensor, chunk: int = 16,
                 add = lambda l, p: stats.update(l, p.dW, p.db_out)
                 stack_trajectory(model, Cb, xb, mode, on_layer=add)
     return stats
+
+# %% ../nbs/04a_trajectories.ipynb #e0d01c9c
+def late_over_early(inc: torch.Tensor, frac: float = 0.1) -> float:
+    "Mean increment over the last `frac` of positions / over the first `frac`."
+    if inc.numel() == 0 or inc.shape[-1] == 0:
+        raise ValueError(f"the increments are empty (shape {tuple(inc.shape)}):"
+                         " they need a context of at least one example")
+    if not 0 < frac <= 0.5:
+        raise ValueError(f"frac must be in (0, 0.5], got {frac}")
+    if not bool(torch.isfinite(inc).all()):
+        raise ValueError("the increments hold NaN or inf: check the model "
+                         "and the contexts they came from")
+    k = max(1, round(frac * inc.shape[-1]))
+    return (inc[..., -k:].mean() / inc[..., :k].mean()).item()
+
+def tail_slope(inc: torch.Tensor, start: float = 0.5) -> float:
+    "Log-log slope of the median increment against i+1 over the last positions."
+    check_real_tensor('inc', inc, 2)              # (runs, n) increments
+    start = check_float('start', start, 0, 1)
+    med = inc.double().median(0).values                     # (n,)
+    s = int(start * len(med))
+    if len(med) - s < 2:
+        raise ValueError(f"a slope needs >= 2 positions after start={start}; "
+                         f"the increments have {len(med)} positions")
+    if not (torch.isfinite(med[s:]).all() and (med[s:] > 0).all()):
+        raise ValueError("a log-log slope needs positive, finite median "
+                         "increments over the fitted positions")
+    x = torch.arange(s + 1, len(med) + 1, dtype=torch.float64).log()
+    y = med[s:].log()
+    x, y = x - x.mean(), y - y.mean()
+    return ((x * y).sum() / (x * x).sum()).item()
 
 # %% ../nbs/04a_trajectories.ipynb #c1a14bea
 def topic_switch_context(B: int, n: int, d: int, g: torch.Generator,

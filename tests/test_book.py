@@ -100,7 +100,7 @@ def test_math_typeset_in_browser(book, doc):
     if 'class="math' in raw:
         assert "<mjx-container" in dom, f"{doc}: math present but not typeset by MathJax"
         assert "<mjx-merror" not in dom, f"{doc}: MathJax reported a TeX error"
-    if doc.endswith(("02_token_patch", "01_contextual_blocks", "reproduction")):
+    if doc.endswith(("02_patch", "01_blocks", "reproduction")):
         ARTIFACTS.mkdir(exist_ok=True)
         shot = ARTIFACTS / f"{Path(doc).name}.png"
         _browse(path.as_uri(), f"--screenshot={shot}")
@@ -269,7 +269,7 @@ def test_a_figure_opens_at_full_size(book):
     document.dispatchEvent(new KeyboardEvent('keydown', {key: 'Escape'}));
     report({opened, natural, shown, closed: !document.getElementById('icl-lightbox')});
     """
-    r = page_metrics.probe("nbs/06_context_vs_patch", js, width=390, wait_ms=2000)
+    r = page_metrics.probe("nbs/06_equivalence", js, width=390, wait_ms=2000)
     assert r.get("opened") and r["closed"], r
     assert r["shown"] >= min(r["natural"], 390) - 2, f"the figure is not shown at full size: {r}"
 
@@ -298,7 +298,7 @@ KNOWN = {
     "making-of": {             # page -> the phrase
         "nbs/03_deep": ["2-core machine"],
         "nbs/04a_trajectories": ["Both were dropped", "2-core machine"],
-        "nbs/11_pretrained": ["no machine that builds this book",
+        "nbs/11_weights": ["no machine that builds this book",
                               "No machine that builds this book"],
         "nbs/11b_patches": ["for old imports"],
         "nbs/reproduction": ["not in the available text"],   # the monitoring row
@@ -308,8 +308,8 @@ KNOWN = {
     },
     "wrong-doc-link": {        # page -> "name -> target (defined in)"
         "nbs/11d_compression": [
-            "teacher_forced -> 11_pretrained (defined in 11c_compression)",
-            "fit_thought_patch -> 11_pretrained (defined in 11c_compression)"],
+            "teacher_forced -> 11_weights (defined in 11c_compression)",
+            "fit_thought_patch -> 11_weights (defined in 11c_compression)"],
     },
     "wider-than-phone": {},    # page -> the elements that reach past 390 px
 }

@@ -9,7 +9,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-from icl_book.tasks import (TaskConfig, baseline_predict, ols, query_mask, ridge,
+from icl_book.regression import (TaskConfig, baseline_predict, ols, query_mask, ridge,
                             sample_prompts, with_context)
 from icl_book.train import (CHECKPOINTS, CKPT_DIR, build_model, load_log,
                             load_model, predict, train)

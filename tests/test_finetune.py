@@ -17,7 +17,7 @@ from icl_book.finetune import (
     explicit_sgd, factor_cosines, finetune_runs, implicit_steps, increments,
     lowrank_cosine, null_test, rank1_cosine, reproduce_finetune_alignment,
     right_factor_moment, stack_example_grads)
-from icl_book.tasks import TaskConfig, sample_prompts, with_context
+from icl_book.regression import TaskConfig, sample_prompts, with_context
 from icl_book.train import (CHECKPOINTS, PlainModel, build_model, evaluate,
                             load_model, main, predict, train)
 

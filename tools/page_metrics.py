@@ -1,6 +1,6 @@
 """Measure built book pages as headless Chromium lays them out.
 
-    python tools/page_metrics.py nbs/01_contextual_blocks [--width 1400] [--shot out.png]
+    python tools/page_metrics.py nbs/01_blocks [--width 1400] [--shot out.png]
 
 prints one JSON line per page: its height in px at that width and the
 elements that are wider than their box without scrolling (display math,

@@ -1,0 +1,138 @@
+"""Measure the house's shape: import direction, names, room sizes, test hygiene.
+
+    python tools/house.py          # report
+    python tools/house.py --json   # the same as JSON (tests/test_house.py reads it)
+
+Every figure in issue 23's closing note comes from this script.
+"""
+from __future__ import annotations
+import ast, json, re, sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PKG, NBS, TESTS = ROOT / "icl_book", ROOT / "nbs", ROOT / "tests"
+
+
+def notebooks() -> list:
+    "Exporting notebooks in nbdev's order: (stem, module, cells)."
+    out = []
+    for p in sorted(NBS.glob("*.ipynb")):
+        cells = json.loads(p.read_text())["cells"]
+        mod = None
+        for c in cells:
+            m = re.search(r"^#\|\s*default_exp\s+(\S+)", "".join(c["source"]), re.M)
+            if m: mod = m.group(1); break
+        out.append((p.stem, mod, cells))
+    return out
+
+
+def module_of(path: Path) -> str:
+    return ".".join(path.relative_to(PKG).with_suffix("").parts)
+
+
+def package_imports(path: Path) -> list:
+    "(target module, line, at module level?) for every import of icl_book inside `path`."
+    tree, mod, out = ast.parse(path.read_text()), module_of(path), []
+    pkg = mod.split(".")[:-1]
+    top = {id(n) for n in tree.body}
+    def walk(node, toplevel):
+        for ch in ast.iter_child_nodes(node):
+            lvl = toplevel and id(ch) in top
+            if isinstance(ch, ast.ImportFrom):
+                if ch.level:
+                    base = pkg[: len(pkg) - ch.level + 1] if ch.level > 1 else pkg
+                    tgt = ".".join(base + ([ch.module] if ch.module else []))
+                elif (ch.module or "").startswith("icl_book"):
+                    tgt = ch.module[len("icl_book."):] if ch.module != "icl_book" else ""
+                else: tgt = None
+                if tgt is not None:
+                    names = [a.name for a in ch.names]
+                    tgts = [tgt] if tgt else names
+                    for t in tgts: out.append((t, ch.lineno, lvl))
+            elif isinstance(ch, ast.Import):
+                for a in ch.names:
+                    if a.name.startswith("icl_book."): out.append((a.name[9:], ch.lineno, lvl))
+            walk(ch, False)
+    walk(tree, True)
+    return out
+
+
+def measure() -> dict:
+    nbs = notebooks()
+    order = {m: i for i, (_, m, _) in enumerate(nbs) if m}
+    mods = {module_of(p): p for p in PKG.rglob("*.py") if p.name != "_modidx.py" and p.name != "__init__.py"}
+    edges, forward, inner = [], [], []
+    for m, p in sorted(mods.items()):
+        for t, line, lvl in package_imports(p):
+            if t not in mods or t == m: continue
+            edges.append((m, t))
+            if not lvl: inner.append(f"{m}:{line} -> {t}")
+            if m in order and t in order and order[t] > order[m]:
+                forward.append(f"{m}:{line} -> {t}")
+    graph = {}
+    for a, b in edges: graph.setdefault(a, set()).add(b)
+    cycles, state = [], {}
+    def dfs(u, stack):
+        state[u] = 1; stack.append(u)
+        for v in sorted(graph.get(u, ())):
+            if state.get(v) == 1: cycles.append(stack[stack.index(v):] + [v])
+            elif not state.get(v): dfs(v, stack)
+        stack.pop(); state[u] = 2
+    for u in sorted(graph):
+        if not state.get(u): dfs(u, [])
+    getattr_fwd = [m for m, p in mods.items() if re.search(r"^def __getattr__", p.read_text(), re.M)]
+    misnamed = []
+    for stem, mod, _ in nbs:
+        if mod is None: continue
+        name = re.sub(r"^\d+[a-z]*_", "", stem)
+        want = mod.replace(".", "_") if mod != "__main__" else "cli"
+        if name != want and name != mod: misnamed.append(f"{stem} -> {mod}")
+    big = {m: n for m, p in mods.items() if (n := len(p.read_text().splitlines())) > 500}
+    long_cells = []
+    for stem, _, cells in nbs:
+        for i, c in enumerate(cells):
+            if c["cell_type"] == "code" and (n := len("".join(c["source"]).splitlines())) > 40:
+                long_cells.append(f"{stem}[{i}] {n}")
+    # also the book pages without an exported module (index)
+    private = []
+    for p in sorted(TESTS.glob("*.py")):
+        for node in ast.walk(ast.parse(p.read_text())):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("icl_book"):
+                for a in node.names:
+                    if a.name.startswith("_") and not a.name.startswith("__"):
+                        private.append(f"{p.name}:{node.lineno} {node.module}.{a.name}")
+            elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) \
+                    and node.attr.startswith("_") and not node.attr.startswith("__") \
+                    and node.value.id in _aliases(p):
+                private.append(f"{p.name}:{node.lineno} {node.value.id}.{node.attr}")
+    return dict(modules=len(mods), notebooks=sum(1 for _, m, _ in nbs if m),
+                cycles=cycles, forward_imports=forward, function_level_imports=inner,
+                getattr_forwarding=getattr_fwd, misnamed_notebooks=misnamed,
+                modules_over_500=big, cells_over_40=long_cells, private_test_imports=private,
+                library_lines=sum(len(p.read_text().splitlines()) for p in mods.values()))
+
+
+def _aliases(p: Path) -> set:
+    "Names a test file binds to icl_book modules (`import icl_book.hf as H`, `from icl_book import hf`)."
+    out = set()
+    for node in ast.walk(ast.parse(p.read_text())):
+        if isinstance(node, ast.Import):
+            for a in node.names:
+                if a.name.startswith("icl_book"): out.add(a.asname or a.name.split(".")[0])
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("icl_book"):
+            for a in node.names:
+                mod = f"{node.module}.{a.name}"
+                if (PKG / (mod[9:].replace(".", "/") + ".py")).exists() or \
+                        (PKG / mod[9:].replace(".", "/")).is_dir():
+                    out.add(a.asname or a.name)
+    return out
+
+
+if __name__ == "__main__":
+    r = measure()
+    if "--json" in sys.argv: print(json.dumps(r, indent=1)); sys.exit()
+    for k, v in r.items():
+        n = len(v) if isinstance(v, (list, dict)) else v
+        print(f"{k}: {n}")
+        if isinstance(v, (list, dict)) and v:
+            for x in (v.items() if isinstance(v, dict) else v): print("   ", x)
