@@ -270,7 +270,7 @@ def trajectory_stats(model, C: torch.Tensor, x: torch.Tensor, chunk: int = 16,
                 stack_trajectory(model, Cb, xb, mode, on_layer=add)
     return stats
 
-# %% ../nbs/04a_trajectories.ipynb #e0d01c9c
+# %% ../nbs/04a_trajectories.ipynb #3537e433
 def late_over_early(inc: torch.Tensor, frac: float = 0.1) -> float:
     "Mean increment over the last `frac` of positions / over the first `frac`."
     if inc.numel() == 0 or inc.shape[-1] == 0:

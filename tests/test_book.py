@@ -284,14 +284,14 @@ KNOWN = {
     # page -> table labels (caption number: first headers)
     "table-too-wide": {
         "nbs/11a_families": ["pattern | first | last"],
-        "nbs/11b_patches": ["Table 12: pattern | ΔW on | δ (rank1) on"],
+        "nbs/11b_hf_patch": ["Table 12: pattern | ΔW on | δ (rank1) on"],
         "nbs/12_cli": ["key | value | key"],
     },
     "math-error": {},          # page -> the red/erroneous TeX
     "raw-tex": {},             # page -> text around the TeX outside maths
     "uncaptioned-table": {     # page -> the table's first header cells
         "nbs/11a_families": ["pattern | first | last"],
-        "nbs/11b_patches": ["bfloat16 | float16 | bert"],
+        "nbs/11b_hf_patch": ["bfloat16 | float16 | bert"],
         "nbs/12_cli": ["key | value | key"],
     },
     "progress-bar": {},        # page -> the matched output text
@@ -300,16 +300,16 @@ KNOWN = {
         "nbs/04a_trajectories": ["Both were dropped", "2-core machine"],
         "nbs/11_weights": ["no machine that builds this book",
                               "No machine that builds this book"],
-        "nbs/11b_patches": ["for old imports"],
+        "nbs/11b_hf_patch": ["for old imports"],
         "nbs/reproduction": ["not in the available text"],   # the monitoring row
     },
     "glued-plural": {          # page -> the matched words
-        "nbs/11d_compression": ["seeds on 9 tasks seeds", "1 points"],
+        "nbs/11d_compress": ["seeds on 9 tasks seeds", "1 points"],
     },
     "wrong-doc-link": {        # page -> "name -> target (defined in)"
-        "nbs/11d_compression": [
-            "teacher_forced -> 11_weights (defined in 11c_compression)",
-            "fit_thought_patch -> 11_weights (defined in 11c_compression)"],
+        "nbs/11d_compress": [
+            "teacher_forced -> 11_weights (defined in 11c_lm_thought)",
+            "fit_thought_patch -> 11_weights (defined in 11c_lm_thought)"],
     },
     "wider-than-phone": {},    # page -> the elements that reach past 390 px
 }

@@ -337,7 +337,7 @@ def test_task_files_have_no_duplicate_inputs_and_disjoint_splits(name):
 
 
 def test_capitals_have_no_duplicates():
-    from icl_book.compression import capitals
+    from icl_book.lm_thought import capitals
     t = capitals()
     names = [c for k in ("countries", "states") for c, _ in t[k]]
     assert len(names) == len(set(names))
@@ -357,7 +357,7 @@ def _objective(A, V, M, b, lam):
 
 @pytest.mark.parametrize("lam", [0.0, 0.5])
 def test_reduced_rank_fit_is_the_constrained_optimum(lam):
-    from icl_book.compression import reduced_rank_fit
+    from icl_book.lm_thought import reduced_rank_fit
     from icl_book.thought import fit_linear_patch
     g = torch.Generator().manual_seed(11)
     A = torch.randn(15, 3, dtype=torch.float64, generator=g)
@@ -384,7 +384,7 @@ def test_reduced_rank_fit_is_the_constrained_optimum(lam):
 
 
 def test_budget_numbers_stored_are_what_the_json_says(tiny, tmp_path):
-    from icl_book.compression import budget_rank
+    from icl_book.lm_thought import budget_rank
     cfg = C.CompressConfig(shots=3, n_cal=6, n_val=4, n_test=5, seed=1,
                            n_aie=1, budget=1000)
     res, objs = C.evaluate(tiny, CharTok(), PAIRS, cfg,

@@ -14,15 +14,18 @@ PKG, NBS, TESTS = ROOT / "icl_book", ROOT / "nbs", ROOT / "tests"
 
 
 def notebooks() -> list:
-    "Exporting notebooks in nbdev's order: (stem, module, cells)."
+    "Notebooks in nbdev's order: (stem, default module, cells, every module it exports)."
     out = []
     for p in sorted(NBS.glob("*.ipynb")):
         cells = json.loads(p.read_text())["cells"]
-        mod = None
+        mod, targets = None, set()
         for c in cells:
-            m = re.search(r"^#\|\s*default_exp\s+(\S+)", "".join(c["source"]), re.M)
-            if m: mod = m.group(1); break
-        out.append((p.stem, mod, cells))
+            s = "".join(c["source"])
+            m = re.search(r"^#\|\s*default_exp\s+(\S+)", s, re.M)
+            if m and mod is None: mod = m.group(1)
+            t = re.search(r"^#\|[ \t]*exporti?[ \t]+(\S+)", s, re.M)
+            if t: targets.add(t.group(1))
+        out.append((p.stem, mod, cells, targets | ({mod} if mod else set())))
     return out
 
 
@@ -59,8 +62,9 @@ def package_imports(path: Path) -> list:
 
 def measure() -> dict:
     nbs = notebooks()
-    order = {m: i for i, (_, m, _) in enumerate(nbs) if m}
-    mods = {module_of(p): p for p in PKG.rglob("*.py") if p.name != "_modidx.py" and p.name != "__init__.py"}
+    order = {m: i for i, (_, _, _, ts) in enumerate(nbs) for m in ts}
+    mods = {module_of(p): p for p in PKG.rglob("*.py")
+            if p.name not in ("_modidx.py", "__init__.py")}
     edges, forward, inner = [], [], []
     for m, p in sorted(mods.items()):
         for t, line, lvl in package_imports(p):
@@ -80,16 +84,19 @@ def measure() -> dict:
         stack.pop(); state[u] = 2
     for u in sorted(graph):
         if not state.get(u): dfs(u, [])
+    experiment_code = [f"{m}.{d}" for m, p in mods.items() if not m.startswith("experiments.")
+                       for d in re.findall(r"^def ((?:plot|bench|reproduce)_\w+)", p.read_text(), re.M)]
     getattr_fwd = [m for m, p in mods.items() if re.search(r"^def __getattr__", p.read_text(), re.M)]
     misnamed = []
-    for stem, mod, _ in nbs:
-        if mod is None: continue
+    for stem, _, _, ts in nbs:
         name = re.sub(r"^\d+[a-z]*_", "", stem)
-        want = mod.replace(".", "_") if mod != "__main__" else "cli"
-        if name != want and name != mod: misnamed.append(f"{stem} -> {mod}")
+        for mod in ts:   # experiments.X lives in the chapter of X; __main__ in 12_cli
+            want = "cli" if mod == "__main__" else mod.split(".")[-1]
+            if name != want: misnamed.append(f"{stem} -> {mod}")
+    unexported = sorted(set(mods) - set(order))
     big = {m: n for m, p in mods.items() if (n := len(p.read_text().splitlines())) > 500}
     long_cells = []
-    for stem, _, cells in nbs:
+    for stem, _, cells, _ in nbs:
         for i, c in enumerate(cells):
             if c["cell_type"] == "code" and (n := len("".join(c["source"]).splitlines())) > 40:
                 long_cells.append(f"{stem}[{i}] {n}")
@@ -105,9 +112,10 @@ def measure() -> dict:
                     and node.attr.startswith("_") and not node.attr.startswith("__") \
                     and node.value.id in _aliases(p):
                 private.append(f"{p.name}:{node.lineno} {node.value.id}.{node.attr}")
-    return dict(modules=len(mods), notebooks=sum(1 for _, m, _ in nbs if m),
+    return dict(modules=len(mods), notebooks=sum(1 for *_, ts in nbs if ts),
+                modules_without_notebook=unexported,
                 cycles=cycles, forward_imports=forward, function_level_imports=inner,
-                getattr_forwarding=getattr_fwd, misnamed_notebooks=misnamed,
+                getattr_forwarding=getattr_fwd, experiment_code_in_library=experiment_code, misnamed_notebooks=misnamed,
                 modules_over_500=big, cells_over_40=long_cells, private_test_imports=private,
                 library_lines=sum(len(p.read_text().splitlines()) for p in mods.values()))
 
