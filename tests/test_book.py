@@ -5,6 +5,7 @@ the HTML it wrote, and, where headless Chromium is installed, the page as a
 browser renders it: typeset math, images, no raw LaTeX delimiters.
 """
 import html as _h
+import json
 import re
 import sys
 from html.parser import HTMLParser
@@ -236,15 +237,52 @@ def test_implementation_cells_collapsed(book, doc):
         f"{doc}: the first code cell shown should be the chapter's imports, got {first['code'][:80]!r}"
 
 
+GLUE_FIGURE = re.compile(r"```\{glue:figure\}[ \t]+(\S+)[ \t]*\n((?:[ \t]*:[\w-]+:.*\n)*)")
+
+
+def glued_tables_in(markdown: str) -> list:
+    "Names of the `{glue:figure}` directives of class `table` in `markdown`."
+    return [name for name, opts in GLUE_FIGURE.findall(markdown)
+            if re.search(r"^[ \t]*:figclass:.*\btable\b", opts, re.M)]
+
+
+def source_text(doc) -> str:
+    "The markdown a page is built from: a .md file, or a notebook's markdown cells."
+    md, nb = ROOT / f"{doc}.md", ROOT / f"{doc}.ipynb"
+    if md.exists(): return md.read_text()
+    cells = json.loads(nb.read_text())["cells"]
+    return "\n".join("".join(c["source"]) for c in cells if c["cell_type"] == "markdown")
+
+
+def test_glued_table_names_are_read():
+    "The source side of the check below, on a page of three glued figures."
+    page = ("```{glue:figure} a\n:figclass: table\n:name: a\n\nA.\n```\n"
+            "```{glue:figure} b\n:name: b\n\nB.\n```\n"
+            "```{glue:figure} c\n:name: tbl-c\n:figclass: wide table\n\nC.\n```\n")
+    assert glued_tables_in(page) == ["a", "c"]
+
+
+def test_the_book_glues_tables():
+    "The pages the check below finds tables on: some, each listed in _toc.yml."
+    pages = {doc: glued_tables_in(source_text(doc)) for doc in _toc_files()}
+    with_tables = {d for d, names in pages.items() if names}
+    assert len(with_tables) >= 5, f"only {sorted(with_tables)} glue tables"
+    assert "nbs/07_finetune" in with_tables and len(pages["nbs/07_finetune"]) == 3, pages
+
+
 @pytest.mark.parametrize("doc", _toc_files())
 def test_glued_tables_are_tables(book, doc):
-    "A figure that holds a table is numbered and captioned as a table."
+    """A figure that holds a table is numbered and captioned as a table, and the
+    page shows one such table per `{glue:figure}` of class `table` in its source."""
     path, _ = _page(doc)
-    raw = path.read_text()
-    for fig in re.findall(r"<figure\b.*?</figure>", raw, re.S):
-        if "<table" in fig:
-            assert "glued-table" in fig and re.search(r'caption-number">Table \d', fig), \
-                f"{doc}: a table is captioned as a figure: {re.sub('<[^>]+>', '', fig)[:120]!r}"
+    figs = [f for f in re.findall(r"<figure\b.*?</figure>", path.read_text(), re.S)
+            if "<table" in f]
+    bad = [re.sub("<[^>]+>", "", f)[:120] for f in figs
+           if not ("glued-table" in f and re.search(r'caption-number">Table \d', f))]
+    assert not bad, f"{doc}: a table is captioned as a figure: {bad}"
+    want = glued_tables_in(source_text(doc))
+    assert len(figs) == len(want), (f"{doc}: the source glues {len(want)} tables "
+                                    f"{want}, the page shows {len(figs)}")
 
 
 @needs_chromium
