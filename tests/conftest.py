@@ -24,8 +24,47 @@ def root() -> Path:
     return ROOT
 
 
+def pytest_addoption(parser):
+    parser.addoption("--device", action="store", default="cpu", choices=("cpu", "cuda"),
+                     help="where the device tests run: cpu (default) or cuda; the tests "
+                          "marked `cuda` run only with --device cuda on a machine with CUDA")
+
+
 def pytest_configure(config):
     os.environ.setdefault("PYDEVD_DISABLE_FILE_VALIDATION", "1")
+
+
+def cuda_skip_reason(device: str, available: bool):
+    "Why a test marked `cuda` does not run with `--device device`, or None when it runs."
+    if device != "cuda":
+        return "needs --device cuda (the tests ran with --device cpu)"
+    if not available:
+        return "--device cuda, but torch.cuda.is_available() is False on this machine"
+    return None
+
+
+def pytest_collection_modifyitems(config, items):
+    cuda = [it for it in items if it.get_closest_marker("cuda")]
+    if not cuda: return
+    device = config.getoption("--device")
+    available = False
+    if device == "cuda":
+        import torch
+        available = torch.cuda.is_available()
+    why = cuda_skip_reason(device, available)
+    if why:
+        for it in cuda: it.add_marker(pytest.mark.skip(reason=why))
+
+
+@pytest.fixture(scope="session")
+def device(request) -> str:
+    "The device the tests were asked to run on (`--device`): 'cpu' or 'cuda'."
+    d = request.config.getoption("--device")
+    if d == "cuda":
+        import torch
+        if not torch.cuda.is_available():
+            pytest.skip(cuda_skip_reason(d, False))
+    return d
 
 
 def toc_files():

@@ -250,8 +250,7 @@ def test_missing_wheel_is_explained(monkeypatch):
 
 
 # ----------------------------------------------------- the real weights
-needs_smollm2 = pytest.mark.skipif(missing("smollm2") is not None,
-                                   reason=str(missing("smollm2")))
+from _marks import needs_smollm2  # noqa: E402
 needs_minilm = pytest.mark.skipif(missing("minilm") is not None,
                                   reason=str(missing("minilm")))
 

@@ -26,8 +26,7 @@ from icl_book.lm_dynamics import (bench_hf_trajectory,  # noqa: E402
                                   prefix_updates, PROMPT_KINDS)
 
 PATTERNS = ("llama", "gpt2", "gpt_neox")
-needs_smollm2 = pytest.mark.skipif(missing("smollm2") is not None,
-                                   reason=str(missing("smollm2")))
+from _marks import needs_smollm2  # noqa: E402
 
 
 def layer_err(P, i, Q, l):

@@ -16,8 +16,7 @@ from icl_book.lm_monitor import (DETECTORS, answer_surprisal,  # noqa: E402
                                  example_updates, fewshot_prompt,
                                  monitor_scores, roc_auc)
 
-needs_smollm2 = pytest.mark.skipif(missing("smollm2") is not None,
-                                   reason=str(missing("smollm2")))
+from _marks import needs_smollm2  # noqa: E402
 
 
 def test_roc_auc_and_bootstrap():
