@@ -102,22 +102,35 @@ def traced(tracer, make, m, x) -> bool:
     return False
 
 
+def median_seconds(run, n=21) -> float:
+    "Median wall time of `run()` over `n` calls, seconds."
+    times = []
+    for _ in range(n):
+        t = time.perf_counter(); run(); times.append(time.perf_counter() - t)
+    return sorted(times)[n // 2]
+
+
+def interrupted_at_random(run, span, rng) -> bool:
+    """Call `run()` with a SIGALRM timer set at a random instant of
+    [0, 1.2 span) seconds (`rng.uniform`); True if a KeyboardInterrupt escaped.
+    The caller installs the SIGALRM handler that raises it (`ctrl_c`)."""
+    try:
+        try:
+            signal.setitimer(signal.ITIMER_REAL,
+                             max(1e-6, rng.uniform(0, 1.2 * span)))
+            run()
+        finally: signal.setitimer(signal.ITIMER_REAL, 0)
+    except KeyboardInterrupt: return True
+    return False
+
+
 def ctrl_c_counts(kind, runs=300) -> dict:
     m, make, x = setup(kind); before = snapshot(m)
     old = signal.signal(signal.SIGALRM, lambda s, f: ctrl_c(f))
-    times = []
-    for _ in range(21):
-        t = time.perf_counter(); cycle(make, m, x)
-        times.append(time.perf_counter() - t)
-    span, rng, hit, bad = sorted(times)[10], random.Random(1), 0, 0
+    span = median_seconds(lambda: cycle(make, m, x))
+    rng, hit, bad = random.Random(1), 0, 0
     for _ in range(runs):
-        try:
-            try:
-                signal.setitimer(signal.ITIMER_REAL,
-                                 max(1e-6, rng.uniform(0, 1.2 * span)))
-                cycle(make, m, x)
-            finally: signal.setitimer(signal.ITIMER_REAL, 0)
-        except KeyboardInterrupt: hit += 1
+        hit += interrupted_at_random(lambda: cycle(make, m, x), span, rng)
         if not intact(m, before):
             bad += 1; m, make, x = setup(kind); before = snapshot(m)
     signal.signal(signal.SIGALRM, old)

@@ -9,10 +9,12 @@ originals, nothing may still be held in place, and the model must run.
 """
 import dis
 import gc
+import importlib.util
 import random
 import signal
 import sys
 import threading
+from pathlib import Path
 
 import pytest
 import torch
@@ -126,28 +128,24 @@ def test_ctrl_c_at_every_event_leaves_weights_exact(kind):
     assert hit == len(ks)            # every Ctrl-C reached the caller
 
 
+# the random-instant Ctrl-C of bench/state_probes.py (one copy of it)
+_spec = importlib.util.spec_from_file_location(
+    "state_probes", Path(__file__).resolve().parents[1] / "bench" / "state_probes.py")
+probes = importlib.util.module_from_spec(_spec); _spec.loader.exec_module(probes)
+
+
 @pytest.mark.parametrize('kind', KINDS)
 def test_ctrl_c_at_random_instants_leaves_weights_exact(kind):
     model, make, x = setup(kind)
     before = {k: v.clone() for k, v in model.state_dict().items()}
     old = signal.signal(signal.SIGALRM, lambda s, frame: ctrl_c(frame))
+    run = lambda: cycle(make, model, x)
     gc.disable()          # a Ctrl-C inside another library's gc callback is
     try:                  # swallowed by Python ("unraisable"): keep them out
-        import time
-        times = []
-        for _ in range(21):
-            t0 = time.perf_counter(); cycle(make, model, x)
-            times.append(time.perf_counter() - t0)
-        span = sorted(times)[10]                      # median cycle, seconds
+        span = probes.median_seconds(run)              # median cycle, seconds
         rng, hits = random.Random(1), 0
         for _ in range(200):
-            try:
-                try:
-                    signal.setitimer(signal.ITIMER_REAL,
-                                     max(1e-6, rng.uniform(0, 1.2 * span)))
-                    cycle(make, model, x)
-                finally: signal.setitimer(signal.ITIMER_REAL, 0)
-            except KeyboardInterrupt: hits += 1
+            hits += probes.interrupted_at_random(run, span, rng)
             assert_intact(model, before, x)
     finally: signal.signal(signal.SIGALRM, old); gc.enable()
     assert hits >= 20                # the timer did interrupt many cycles
