@@ -10,13 +10,14 @@ import ast, json, re, sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PKG, NBS, TESTS = ROOT / "icl_book", ROOT / "nbs", ROOT / "tests"
+PACKAGE = "icl_book"
+LIMITS = dict(module_lines=500, cell_lines=40)
 
 
-def notebooks() -> list:
-    "Notebooks in nbdev's order: (stem, default module, cells, every module it exports)."
+def notebooks(nbs: Path) -> list:
+    "Notebooks of folder `nbs` in nbdev's order: (stem, default module, cells, every module it exports)."
     out = []
-    for p in sorted(NBS.glob("*.ipynb")):
+    for p in sorted(nbs.glob("*.ipynb")):
         cells = json.loads(p.read_text())["cells"]
         mod, targets = None, set()
         for c in cells:
@@ -29,13 +30,14 @@ def notebooks() -> list:
     return out
 
 
-def module_of(path: Path) -> str:
-    return ".".join(path.relative_to(PKG).with_suffix("").parts)
+def module_of(path: Path, pkg: Path) -> str:
+    "Dotted name of the module file `path` inside the package folder `pkg`."
+    return ".".join(path.relative_to(pkg).with_suffix("").parts)
 
 
-def package_imports(path: Path) -> list:
-    "(target module, line, at module level?) for every import of icl_book inside `path`."
-    tree, mod, out = ast.parse(path.read_text()), module_of(path), []
+def package_imports(path: Path, pkg: Path) -> list:
+    "(target module, line, at module level?) for every import of the package inside `path`."
+    tree, mod, out = ast.parse(path.read_text()), module_of(path, pkg), []
     pkg = mod.split(".")[:-1]
     top = {id(n) for n in tree.body}
     def walk(node, toplevel):
@@ -60,19 +62,23 @@ def package_imports(path: Path) -> list:
     return out
 
 
-def measure() -> dict:
-    nbs = notebooks()
+def measure(root: Path = ROOT) -> dict:
+    """The house's figures for the repository at `root` (its package `icl_book/`,
+    notebooks `nbs/` and tests `tests/`); each list names its offenders."""
+    PKG, NBS, TESTS = root / PACKAGE, root / "nbs", root / "tests"
+    nbs = notebooks(NBS)
     order = {m: i for i, (_, _, _, ts) in enumerate(nbs) for m in ts}
-    mods = {module_of(p): p for p in PKG.rglob("*.py")
+    mods = {module_of(p, PKG): p for p in PKG.rglob("*.py")
             if p.name not in ("_modidx.py", "__init__.py")}
-    edges, forward, inner = [], [], []
+    edges, forward, inner, inner_forward = [], [], [], []
     for m, p in sorted(mods.items()):
-        for t, line, lvl in package_imports(p):
+        for t, line, lvl in package_imports(p, PKG):
             if t not in mods or t == m: continue
             edges.append((m, t))
             if not lvl: inner.append(f"{m}:{line} -> {t}")
             if m in order and t in order and order[t] > order[m]:
                 forward.append(f"{m}:{line} -> {t}")
+                if not lvl: inner_forward.append(f"{m}:{line} -> {t}")
     graph = {}
     for a, b in edges: graph.setdefault(a, set()).add(b)
     cycles, state = [], {}
@@ -94,44 +100,46 @@ def measure() -> dict:
             want = "cli" if mod == "__main__" else mod.split(".")[-1]
             if name != want: misnamed.append(f"{stem} -> {mod}")
     unexported = sorted(set(mods) - set(order))
-    big = {m: n for m, p in mods.items() if (n := len(p.read_text().splitlines())) > 500}
+    big = {m: n for m, p in mods.items()
+           if (n := len(p.read_text().splitlines())) > LIMITS["module_lines"]}
     long_cells = []
     for stem, _, cells, _ in nbs:
         for i, c in enumerate(cells):
-            if c["cell_type"] == "code" and (n := len("".join(c["source"]).splitlines())) > 40:
+            if c["cell_type"] == "code" and \
+                    (n := len("".join(c["source"]).splitlines())) > LIMITS["cell_lines"]:
                 long_cells.append(f"{stem}[{i}] {n}")
     # also the book pages without an exported module (index)
     private = []
     for p in sorted(TESTS.glob("*.py")):
         for node in ast.walk(ast.parse(p.read_text())):
-            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("icl_book"):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith(PACKAGE):
                 for a in node.names:
                     if a.name.startswith("_") and not a.name.startswith("__"):
                         private.append(f"{p.name}:{node.lineno} {node.module}.{a.name}")
             elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) \
                     and node.attr.startswith("_") and not node.attr.startswith("__") \
-                    and node.value.id in _aliases(p):
+                    and node.value.id in _aliases(p, PKG):
                 private.append(f"{p.name}:{node.lineno} {node.value.id}.{node.attr}")
     return dict(modules=len(mods), notebooks=sum(1 for *_, ts in nbs if ts),
                 modules_without_notebook=unexported,
                 cycles=cycles, forward_imports=forward, function_level_imports=inner,
+                function_level_forward_imports=inner_forward,
                 getattr_forwarding=getattr_fwd, experiment_code_in_library=experiment_code, misnamed_notebooks=misnamed,
                 modules_over_500=big, cells_over_40=long_cells, private_test_imports=private,
                 library_lines=sum(len(p.read_text().splitlines()) for p in mods.values()))
 
 
-def _aliases(p: Path) -> set:
-    "Names a test file binds to icl_book modules (`import icl_book.hf as H`, `from icl_book import hf`)."
+def _aliases(p: Path, pkg: Path) -> set:
+    "Names a test file binds to the package's modules (`import icl_book.hf as H`, `from icl_book import hf`)."
     out = set()
     for node in ast.walk(ast.parse(p.read_text())):
         if isinstance(node, ast.Import):
             for a in node.names:
-                if a.name.startswith("icl_book"): out.add(a.asname or a.name.split(".")[0])
-        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("icl_book"):
+                if a.name.startswith(PACKAGE): out.add(a.asname or a.name.split(".")[0])
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith(PACKAGE):
             for a in node.names:
-                mod = f"{node.module}.{a.name}"
-                if (PKG / (mod[9:].replace(".", "/") + ".py")).exists() or \
-                        (PKG / mod[9:].replace(".", "/")).is_dir():
+                rel = f"{node.module}.{a.name}"[len(PACKAGE) + 1:].replace(".", "/")
+                if (pkg / (rel + ".py")).exists() or (pkg / rel).is_dir():
                     out.add(a.asname or a.name)
     return out
 

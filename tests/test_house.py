@@ -1,0 +1,177 @@
+"""The house's shape (issue 23's Done-when), measured by tools/house.py.
+
+The whole-tree tests read the repository; the tests of the checker build a
+small fake repository (a package, its notebooks, its tests) in a temporary
+folder and show each rule passing on a clean house and failing on a house
+that breaks it. Also the test suite's own `--device` option.
+"""
+import json
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from conftest import ROOT, cuda_skip_reason
+
+sys.path.insert(0, str(ROOT / "tools"))
+import house  # noqa: E402  (tools/house.py)
+
+MAX_LONG_CELLS = 5   # "at most 5 code cells over 40 lines" in the whole book
+
+
+def offenders(r: dict) -> dict:
+    "Each rule of the Done-when -> what breaks it in `house.measure()`'s figures `r`."
+    long_cells = r["cells_over_40"]
+    return {
+        "no import cycle": r["cycles"],
+        "no import from a later notebook": r["forward_imports"],
+        "no function-level import of a later module": r["function_level_forward_imports"],
+        "no module __getattr__": r["getattr_forwarding"],
+        "every notebook named after its module(s)":
+            r["misnamed_notebooks"] + [f"{m} (no notebook)" for m in r["modules_without_notebook"]],
+        "no module over 500 lines": [f"{m}: {n} lines" for m, n in r["modules_over_500"].items()],
+        f"at most {MAX_LONG_CELLS} code cells over 40 lines":
+            long_cells if len(long_cells) > MAX_LONG_CELLS else [],
+        "no test imports a private name": r["private_test_imports"],
+        "no plot_/bench_/reproduce_ in library modules": r["experiment_code_in_library"],
+    }
+
+
+RULES = list(offenders(house.measure(ROOT)))
+
+
+def assert_rule(r: dict, rule: str):
+    "The assertion of one rule, its message listing the offenders."
+    bad = offenders(r)[rule]
+    assert not bad, f"{rule}: {len(bad)} offender(s) (python tools/house.py):\n" + \
+        "\n".join(f"  {b}" for b in bad)
+
+
+@pytest.fixture(scope="module")
+def tree():
+    return house.measure(ROOT)
+
+
+@pytest.mark.parametrize("rule", RULES)
+def test_the_house(tree, rule):
+    assert_rule(tree, rule)
+
+
+# --- the checker itself, on a fake repository
+
+def notebook(*cells: str) -> str:
+    "An .ipynb with one code cell per source."
+    return json.dumps({"cells": [{"cell_type": "code", "source": c.splitlines(True),
+                                  "metadata": {}, "outputs": [], "execution_count": None}
+                                 for c in cells], "metadata": {}, "nbformat": 4,
+                       "nbformat_minor": 5})
+
+
+CLEAN = {
+    "nbs/00_core.ipynb": notebook("#| default_exp core", "#| export\ndef f(x): return x"),
+    "nbs/01_blocks.ipynb": notebook("#| default_exp blocks",
+                                    "#| export\nfrom .core import f\ndef g(x): return f(x)",
+                                    "#| export experiments.blocks\ndef plot_g(): pass"),
+    "icl_book/__init__.py": "",
+    "icl_book/core.py": "def f(x): return x\n",
+    "icl_book/blocks.py": "from .core import f\n\ndef g(x):\n    from .core import f\n"
+                          "    return f(x)\n",
+    "icl_book/experiments/__init__.py": "",
+    "icl_book/experiments/blocks.py": "from ..blocks import g\n\ndef plot_g(): pass\n",
+    "tests/test_blocks.py": "from icl_book.blocks import g\nfrom icl_book import core\n"
+                            "def test_g(): assert g(1) == core.f(1)\n",
+}
+
+# rule -> files that, written over the clean house, break it
+BREAKS = {
+    "no import cycle": {"icl_book/core.py": "from .blocks import g\ndef f(x): return x\n"},
+    "no import from a later notebook": {"icl_book/core.py": "from icl_book import blocks\n"},
+    "no function-level import of a later module": {
+        "icl_book/core.py": "def f(x):\n    from .blocks import g\n    return x\n"},
+    "no module __getattr__": {"icl_book/blocks.py": "def __getattr__(name): return 1\n"},
+    "every notebook named after its module(s)": {
+        "nbs/01_contextual_blocks.ipynb": notebook("#| default_exp blocks")},
+    "no module over 500 lines": {"icl_book/core.py": "x = 1\n" * 501},
+    f"at most {MAX_LONG_CELLS} code cells over 40 lines": {
+        "nbs/02_long.ipynb": notebook(*["\n".join(["pass"] * 41)] * (MAX_LONG_CELLS + 1))},
+    "no test imports a private name": {
+        "tests/test_core.py": "from icl_book import core\ndef test(): core._hidden\n"},
+    "no plot_/bench_/reproduce_ in library modules": {
+        "icl_book/core.py": "def f(x): return x\ndef bench_f(): pass\n"},
+}
+
+EXPECTED = {   # what each message names
+    "no import cycle": "['blocks', 'core', 'blocks']",
+    "no import from a later notebook": "core:1 -> blocks",
+    "no function-level import of a later module": "core:2 -> blocks",
+    "no module __getattr__": "blocks",
+    "every notebook named after its module(s)": "01_contextual_blocks -> blocks",
+    "no module over 500 lines": "core: 501 lines",
+    f"at most {MAX_LONG_CELLS} code cells over 40 lines": "02_long[5] 41",
+    "no test imports a private name": "test_core.py:2 core._hidden",
+    "no plot_/bench_/reproduce_ in library modules": "core.bench_f",
+}
+
+
+def fake_house(folder, files: dict) -> dict:
+    "Write `files` (path -> text) under `folder` and measure it."
+    for path, text in files.items():
+        (folder / path).parent.mkdir(parents=True, exist_ok=True)
+        (folder / path).write_text(text)
+    return house.measure(folder)
+
+
+def test_every_rule_has_a_breaking_house():
+    assert set(BREAKS) == set(RULES) == set(EXPECTED)
+
+
+@pytest.mark.parametrize("rule", RULES)
+def test_rule_holds_on_a_clean_house(tmp_path, rule):
+    assert_rule(fake_house(tmp_path, CLEAN), rule)
+
+
+@pytest.mark.parametrize("rule", RULES)
+def test_rule_fails_on_a_house_that_breaks_it(tmp_path, rule):
+    fake_house(tmp_path, CLEAN)
+    if rule.startswith("every notebook"):
+        (tmp_path / "nbs/01_blocks.ipynb").unlink()
+    r = fake_house(tmp_path, BREAKS[rule])
+    with pytest.raises(AssertionError) as e:
+        assert_rule(r, rule)
+    assert EXPECTED[rule] in str(e.value), str(e.value)
+
+
+def test_five_long_cells_are_allowed(tmp_path):
+    long = "\n".join(["pass"] * 41)
+    r = fake_house(tmp_path, {**CLEAN, "nbs/02_long.ipynb": notebook(*[long] * MAX_LONG_CELLS)})
+    assert len(r["cells_over_40"]) == MAX_LONG_CELLS
+    assert_rule(r, f"at most {MAX_LONG_CELLS} code cells over 40 lines")
+
+
+def test_earlier_module_imports_are_not_forward(tmp_path):
+    "The clean house's function-level import of an earlier module is counted, not refused."
+    r = fake_house(tmp_path, CLEAN)
+    assert r["function_level_imports"] == ["blocks:4 -> core"]
+    assert r["forward_imports"] == [] and r["modules"] == 3 and r["notebooks"] == 2
+
+
+# --- pytest --device (tests/conftest.py)
+
+@pytest.mark.parametrize("device,available,runs", [
+    ("cpu", False, False), ("cpu", True, False), ("cuda", False, False), ("cuda", True, True)])
+def test_cuda_tests_run_only_with_device_cuda_on_a_gpu(device, available, runs):
+    assert (cuda_skip_reason(device, available) is None) == runs
+
+
+def test_device_option_in_a_session(tmp_path):
+    "A cuda-marked test is skipped with the default --device cpu; `device` is 'cpu'."
+    shutil.copy(ROOT / "tests" / "conftest.py", tmp_path / "conftest.py")
+    (tmp_path / "test_dev.py").write_text(
+        "import pytest\n"
+        "@pytest.mark.cuda\ndef test_gpu(): assert False\n"
+        "def test_dev(device): assert device == 'cpu'\n")
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider",
+                        str(tmp_path)], capture_output=True, text=True, cwd=tmp_path)
+    assert "1 passed, 1 skipped" in r.stdout, r.stdout + r.stderr
+    assert "needs --device cuda" in r.stdout, r.stdout
