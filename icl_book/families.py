@@ -55,8 +55,8 @@ _BERT = dict(pattern='post-LN', layers='encoder.layer',
              first=('intermediate.dense',), last='output.dense',
              stream='intermediate', max_pos='max_position_embeddings')
 
-FAMILIES = (
-    # pre-norm, sequential
+# pre-norm, sequential
+_PRE_NORM = (
     _llama_like('llama'), _llama_like('mistral'), _llama_like('qwen2'),
     _llama_like('qwen3'), _llama_like('gemma'), _llama_like('olmo'),
     _llama_like('granite', scale='residual_multiplier'),
@@ -80,12 +80,19 @@ FAMILIES = (
            ('mlp.dense_h_to_4h',), 'mlp.dense_4h_to_h',
            stream='post_attention_layernorm', model_type='gpt_neox',
            when=(('use_parallel_residual', False),)),
-    # post-LN encoders
+)
+
+# %% ../nbs/11a_families.ipynb #c00711ab
+# post-LN encoders
+_POST_LN = (
     Family('bert', **_BERT), Family('roberta', **_BERT, pos_reserved=2),
     Family('electra', **_BERT),
     Family('distilbert', 'post-LN', 'transformer.layer', ('ffn.lin1',),
            'ffn.lin2', stream='ffn', max_pos='max_position_embeddings'),
-    # parallel
+)
+
+# parallel
+_PARALLEL = (
     Family('gpt_neox', 'parallel', 'layers', ('mlp.dense_h_to_4h',),
            'mlp.dense_4h_to_h', branch=('attention',),
            when=(('use_parallel_residual', True),)),
@@ -98,7 +105,10 @@ FAMILIES = (
            branch=('self_attn',)),
     Family('cohere', 'parallel', 'layers', ('mlp.gate_proj', 'mlp.up_proj'),
            'mlp.down_proj', branch=('self_attn',)),
-    # norms after the MLP
+)
+
+# norms after the MLP
+_POST_NORM = (
     Family('gemma2', 'post-norm', 'layers', ('mlp.gate_proj', 'mlp.up_proj'),
            'mlp.down_proj', stream='pre_feedforward_layernorm',
            post='post_feedforward_layernorm', post_offset=1.),
@@ -108,7 +118,11 @@ FAMILIES = (
            post='post_feedforward_layernorm', post_offset=1.),
     Family('olmo2', 'post-norm', 'layers', ('mlp.gate_proj', 'mlp.up_proj'),
            'mlp.down_proj', stream='mlp', post='post_feedforward_layernorm'),
-    # mixtures of experts: router and experts read LN2 h
+)
+
+# %% ../nbs/11a_families.ipynb #c00711ac
+# mixtures of experts: router and experts read LN2 h
+_MOE = (
     Family('mixtral', 'moe', 'layers',
            ('mlp.gate.weight', 'mlp.experts.gate_up_proj'),
            ('mlp.experts.down_proj',), stream='post_attention_layernorm',
@@ -127,11 +141,13 @@ FAMILIES = (
            moe='mlp',
            when=(('mlp_only_layers', []), ('decoder_sparse_step', 1))),
 )
+
+FAMILIES = _PRE_NORM + _POST_LN + _PARALLEL + _POST_NORM + _MOE
 SUPPORTED = tuple(f.name for f in FAMILIES)
 
 # %% ../nbs/11a_families.ipynb #c01011a
 # tiny random configurations: (model class, config class, extra fields)
-_TINY = {
+_TINY_SEQUENTIAL = {   # pre-norm, sequential
     'llama': ('LlamaForCausalLM', 'LlamaConfig', {}),
     'mistral': ('MistralForCausalLM', 'MistralConfig', {}),
     'qwen2': ('Qwen2ForCausalLM', 'Qwen2Config', {}),
@@ -149,6 +165,11 @@ _TINY = {
     'bloom': ('BloomForCausalLM', 'BloomConfig', {}),
     'gpt_neox_sequential': ('GPTNeoXForCausalLM', 'GPTNeoXConfig',
                             dict(use_parallel_residual=False)),
+}
+
+# %% ../nbs/11a_families.ipynb #c01011ab
+_TINY = {
+    **_TINY_SEQUENTIAL,
     'bert': ('BertForMaskedLM', 'BertConfig', {}),
     'roberta': ('RobertaForMaskedLM', 'RobertaConfig', {}),
     'electra': ('ElectraForMaskedLM', 'ElectraConfig', {}),
@@ -160,8 +181,7 @@ _TINY = {
     'phi': ('PhiForCausalLM', 'PhiConfig', {}),
     'cohere': ('CohereForCausalLM', 'CohereConfig', {}),
     'gemma2': ('Gemma2ForCausalLM', 'Gemma2Config', {}),
-    'gemma3_text': ('Gemma3ForCausalLM', 'Gemma3TextConfig',
-                    {}),
+    'gemma3_text': ('Gemma3ForCausalLM', 'Gemma3TextConfig', {}),
     'olmo2': ('Olmo2ForCausalLM', 'Olmo2Config', {}),
     'mixtral': ('MixtralForCausalLM', 'MixtralConfig',
                 dict(num_local_experts=4, num_experts_per_tok=2)),
@@ -173,14 +193,9 @@ _TINY = {
 }
 TINY_ARCHS = tuple(_TINY)
 
-def tiny_model(arch: str = 'llama', dtype='float64', seed: int = 0,
-               layers: int = 3, d: int = 32, vocab: int = 97,
-               head: bool = True, **config):
-    "A small random model of family `arch` (with its LM head), in eval."
-    import transformers as tf
-    if arch not in _TINY:
-        raise ValueError(f"arch must be one of {TINY_ARCHS}, got {arch!r}")
-    model_cls, cfg_cls, extra = _TINY[arch]
+# %% ../nbs/11a_families.ipynb #b3e2e003
+def _tiny_sizes(arch: str, layers: int, d: int, vocab: int) -> dict:
+    "Tiny sizes of `arch` under the names its config uses."
     kw = dict(vocab_size=vocab, num_hidden_layers=layers, hidden_size=d,
               num_attention_heads=4, intermediate_size=2 * d,
               max_position_embeddings=128, bos_token_id=0, eos_token_id=1,
@@ -195,16 +210,52 @@ def tiny_model(arch: str = 'llama', dtype='float64', seed: int = 0,
     if arch == 'gpt_neo':                      # local and global attention
         kw.update(attention_types=[[['local', 'global'], layers // 2]]
                   + [[['global'], layers % 2]] * (layers % 2))
+    return kw
+
+def _default_config(tf, cfg_cls: str):
+    "A default config of class `cfg_cls`, read for its fields only."
     level = tf.logging.get_verbosity()     # a default config may warn about
     tf.logging.set_verbosity_error()       # its own ids (Starcoder2's do):
-    try: defaults = getattr(tf, cfg_cls)() # only its fields are read here
+    try: return getattr(tf, cfg_cls)()     # only its fields are read here
     finally: tf.logging.set_verbosity(level)
+
+def _is_moe(arch: str) -> bool:
+    return any(f.name == arch and f.moe for f in FAMILIES)
+
+def _dtype(dtype) -> torch.dtype:
+    "resolve_dtype, and also 'bfloat16' and 'float16'."
+    if dtype in ('bfloat16', 'float16'): return getattr(torch, dtype)
+    return resolve_dtype(dtype)
+
+# %% ../nbs/11a_families.ipynb #c01011ac
+def _tiny_fields(tf, arch: str, layers: int, d: int, vocab: int,
+                 config: dict) -> dict:
+    "Every field of the tiny config of `arch`, `config` overriding them."
+    _, cfg_cls, extra = _TINY[arch]
+    kw = _tiny_sizes(arch, layers, d, vocab)
+    defaults = _default_config(tf, cfg_cls)
     if hasattr(defaults, 'num_key_value_heads'): kw['num_key_value_heads'] = 2
     if hasattr(defaults, 'head_dim') and arch != 'falcon':
         kw['head_dim'] = d // 4
     if arch == 'roberta': kw.update(pad_token_id=1, eos_token_id=2,
                                     max_position_embeddings=130)
     kw.update(extra); kw.update(config)
+    return kw
+
+def tiny_model(arch: str = 'llama',  # a family of `TINY_ARCHS`
+               dtype='float64',   # or 'float32', 'bfloat16', 'float16'
+               seed: int = 0,     # torch's seed for the random weights
+               layers: int = 3,   # number of blocks
+               d: int = 32,       # width (MLP 2d, 4 heads of d/4)
+               vocab: int = 97,   # vocabulary size
+               head: bool = True, # with its LM head; False: the base model
+               **config):         # config fields that override the above
+    "A small random model of family `arch` (with its LM head), in eval."
+    import transformers as tf
+    if arch not in _TINY:
+        raise ValueError(f"arch must be one of {TINY_ARCHS}, got {arch!r}")
+    model_cls, cfg_cls, _ = _TINY[arch]
+    kw = _tiny_fields(tf, arch, layers, d, vocab, config)
     torch.manual_seed(seed)
     cfg = getattr(tf, cfg_cls)(**kw)
     cls = getattr(tf, model_cls)
@@ -214,14 +265,6 @@ def tiny_model(arch: str = 'llama', dtype='float64', seed: int = 0,
     if m.dtype == torch.float64 and _is_moe(arch):
         m.set_experts_implementation('eager')    # grouped_mm: no float64
     return m
-
-def _is_moe(arch: str) -> bool:
-    return any(f.name == arch and f.moe for f in FAMILIES)
-
-def _dtype(dtype) -> torch.dtype:
-    "resolve_dtype, and also 'bfloat16' and 'float16'."
-    if dtype in ('bfloat16', 'float16'): return getattr(torch, dtype)
-    return resolve_dtype(dtype)
 
 # %% ../nbs/11a_families.ipynb #c01211a
 class Layer(NamedTuple):
@@ -249,6 +292,7 @@ class Adapter(NamedTuple):
     scale: float               # multiplies the MLP output before the add
     lm: bool                   # has a causal LM head (can generate)
 
+# %% ../nbs/11a_families.ipynb #c01211ab
 def _get(root: nn.Module, path: str, where: str) -> nn.Module:
     m = root
     for part in path.split('.'):
@@ -278,7 +322,8 @@ def _param(root: nn.Module, path: str, where: str,
                         f"release or subclass has a different block")
     return p
 
-def linear_weight(m: nn.Module) -> torch.Tensor:
+def linear_weight(m: nn.Module  # an nn.Linear or a transformers Conv1D
+                  ) -> torch.Tensor:
     "The matrix of a linear map as (out, in); `Conv1D` stores (in, out)."
     return m.weight if isinstance(m, nn.Linear) else m.weight.T
 
@@ -290,7 +335,8 @@ def supported() -> dict:
         out.setdefault(f.model_type or f.name, []).append(f.name)
     return out
 
-def find_family(config) -> Family:
+def find_family(config  # a transformers config (`model.config`)
+                ) -> Family:
     "The description matching a transformers config; TypeError otherwise."
     mt = getattr(config, 'model_type', None)
     cands = [f for f in FAMILIES if (f.model_type or f.name) == mt]
@@ -304,7 +350,25 @@ def find_family(config) -> Family:
     raise TypeError(f"this {mt} configuration is not described: the "
                     f"descriptions need {need}")
 
-def adapter(model, family: Optional[Family] = None  # None: by model_type
+# %% ../nbs/11a_families.ipynb #c01311ab
+def _resolve_layer(b: nn.Module, fam: Family, l: int, cfg) -> Layer:
+    "The modules of block `b` (the l-th) that the record `fam` names."
+    w = f"{fam.name} layer {l}"
+    if fam.moe:                            # parameters, not modules
+        d = cfg.hidden_size
+        first = tuple(_param(b, p, w, d) for p in fam.first)
+        last = tuple(_param(b, p, w) for p in fam.last)
+        return Layer(b, first, last, _get(b, fam.stream, w),
+                     (), None, _get(b, fam.moe, w))
+    first = tuple(_linear(_get(b, p, w), f"{w} {p}") for p in fam.first)
+    return Layer(
+        b, first, _linear(_get(b, fam.last, w), f"{w} {fam.last}"),
+        _get(b, fam.stream, w) if fam.stream else None,
+        tuple(_get(b, p, w) for p in fam.branch),
+        _get(b, fam.post, w) if fam.post else None)
+
+def adapter(model,  # a transformers model, with or without its head
+            family: Optional[Family] = None  # None: by model_type
             ) -> Adapter:
     "The family description of `model` resolved on its modules."
     cfg = getattr(model, 'config', None)
@@ -316,22 +380,7 @@ def adapter(model, family: Optional[Family] = None  # None: by model_type
     base = getattr(model, 'base_model', model)
     if fam.body: base = _get(base, fam.body, type(base).__name__)
     blocks = _get(base, fam.layers, type(base).__name__)
-    layers = []
-    for l, b in enumerate(blocks):
-        w = f"{fam.name} layer {l}"
-        if fam.moe:                            # parameters, not modules
-            d = cfg.hidden_size
-            first = tuple(_param(b, p, w, d) for p in fam.first)
-            last = tuple(_param(b, p, w) for p in fam.last)
-            layers.append(Layer(b, first, last, _get(b, fam.stream, w),
-                                (), None, _get(b, fam.moe, w)))
-            continue
-        first = tuple(_linear(_get(b, p, w), f"{w} {p}") for p in fam.first)
-        layers.append(Layer(
-            b, first, _linear(_get(b, fam.last, w), f"{w} {fam.last}"),
-            _get(b, fam.stream, w) if fam.stream else None,
-            tuple(_get(b, p, w) for p in fam.branch),
-            _get(b, fam.post, w) if fam.post else None))
+    layers = [_resolve_layer(b, fam, l, cfg) for l, b in enumerate(blocks)]
     scale = float(getattr(cfg, fam.scale)) if fam.scale else 1.
     gen = getattr(model, 'can_generate', None)
     return Adapter(fam, type(model).__name__, base, layers, scale,

