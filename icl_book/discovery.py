@@ -4,10 +4,12 @@
 
 # %% ../nbs/11ab_discovery.ipynb #discov002
 from __future__ import annotations
-import weakref
+import inspect, warnings, weakref
+from collections import Counter
 from typing import Optional
 import torch
 from torch import nn
+from torch.func import functional_call
 from .families import Family, adapter
 
 # %% auto #0
@@ -22,7 +24,8 @@ def _blocks(base: nn.Module, L: int) -> tuple:
     raise TypeError(f"{type(base).__name__}: no list of {L} blocks "
                     "(config.num_hidden_layers) among its modules")
 
-def input_embeddings(model) -> nn.Module:
+def input_embeddings(model  # a transformers model
+                     ) -> nn.Module:
     "The token embedding: the base model's, else the head class's."
     base = getattr(model, 'base_model', model)
     for m in (base, model):
@@ -33,27 +36,32 @@ def input_embeddings(model) -> nn.Module:
 def _is_linear(m: nn.Module) -> bool:
     return isinstance(m, nn.Linear) or type(m).__name__ == 'Conv1D'
 
+# %% ../nbs/11ab_discovery.ipynb #discov005b
+def _recording_hook(rec: dict, path: str):
+    "A forward hook keeping the first (input, output) of `path` in `rec`."
+    def f(m, a, k, o):
+        x = a[0] if a else next((v for v in k.values()
+                                 if isinstance(v, torch.Tensor)), None)
+        y = o[0] if isinstance(o, (tuple, list)) else o   # (y, extra)
+        if isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor):
+            rec.setdefault(path, (x.detach(), y.detach()))
+    return f
+
+def _no_cache(base: nn.Module) -> dict:
+    "`use_cache=False` for a forward that takes it."
+    takes = 'use_cache' in inspect.signature(base.forward).parameters
+    return {'use_cache': False} if takes else {}
+
 def _record(base: nn.Module, blocks, ids) -> list:
     "Per block: {path: (input, output)} of the block and every submodule."
     rec, hs = [dict() for _ in blocks], []
-    def hook(l, path):
-        def f(m, a, k, o):
-            x = a[0] if a else next((v for v in k.values()
-                                     if isinstance(v, torch.Tensor)), None)
-            y = o[0] if isinstance(o, (tuple, list)) else o   # (y, extra)
-            if isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor):
-                rec[l].setdefault(path, (x.detach(), y.detach()))
-        return f
     try:
         for l, b in enumerate(blocks):
             for path, m in b.named_modules():
-                hs.append(m.register_forward_hook(hook(l, path),
-                                                  with_kwargs=True))
+                hook = _recording_hook(rec[l], path)
+                hs.append(m.register_forward_hook(hook, with_kwargs=True))
         with torch.no_grad():
-            kw = {'use_cache': False} if 'use_cache' in \
-                __import__('inspect').signature(base.forward).parameters \
-                else {}
-            base(input_ids=ids, **kw)
+            base(input_ids=ids, **_no_cache(base))
     finally:
         for h in hs: h.remove()
     return rec
@@ -144,7 +152,6 @@ def _parent(p: str) -> str:
 # %% ../nbs/11ab_discovery.ipynb #discov009c
 def _offset(norm: nn.Module, x) -> Optional[float]:
     "c when the norm's scale is c + weight (c = 0 or 1), found by probing."
-    from torch.func import functional_call
     w = getattr(norm, 'weight', None)
     if not isinstance(w, nn.Parameter): return None
     for c in (0., 1.):
@@ -162,6 +169,7 @@ def _positionwise(mod: nn.Module, x) -> bool:
     except Exception:                    # needs more than one input
         return False
 
+# %% ../nbs/11ab_discovery.ipynb #discov009cb
 def _parallel(R, b, cfg, out, lins) -> Optional[dict]:
     "Parallel: out = x + A(·) + y_last, the branch A another submodule."
     x = R[''][0]
@@ -180,10 +188,11 @@ def _parallel(R, b, cfg, out, lins) -> Optional[dict]:
                             branch=(A,))
     return None
 
-def norm_rounds(norm: nn.Module, dtype: torch.dtype) -> bool:
+def norm_rounds(norm: nn.Module,      # a norm with a `weight`
+                dtype: torch.dtype    # the model's dtype
+                ) -> bool:
     "Whether a norm applies its weight in float32 in a float64 model."
     if dtype != torch.float64: return False
-    from torch.func import functional_call
     w = norm.weight
     g = torch.Generator(device='cpu').manual_seed(0)
     x = torch.randn(1, 3, w.shape[-1], generator=g, dtype=dtype)
@@ -243,8 +252,9 @@ def _body(base: nn.Module, path: str, ids) -> str:
         for h in hs: h.remove()
     return max(got, key=len, default='')
 
-def discover(model) -> Family:
-    "A Family record read off the model's blocks; TypeError with the reason."
+# %% ../nbs/11ab_discovery.ipynb #discov011bb
+def _blocks_of(model) -> tuple:
+    "(base model, path of its blocks, the blocks); TypeError if none."
     cfg, name = model.config, type(model).__name__
     if getattr(cfg, 'is_encoder_decoder', False):
         raise TypeError(f"{name}: an encoder-decoder's cross-attention "
@@ -254,11 +264,17 @@ def discover(model) -> Family:
     L = getattr(cfg, 'num_hidden_layers', None)
     if not isinstance(L, int):
         raise TypeError(f"{name}: its config gives no num_hidden_layers")
-    path, blocks = _blocks(base, L)
+    return (base, *_blocks(base, L))
+
+def _probe_ids(model) -> torch.Tensor:
+    "Six token ids (2..7 modulo the vocabulary), on the embedding's device."
     emb = input_embeddings(model)
     V = emb.weight.shape[0]
-    ids = (torch.arange(2, 8) % V).to(emb.weight.device)[None]
-    R = _record(base, blocks, ids)
+    return (torch.arange(2, 8) % V).to(emb.weight.device)[None]
+
+# %% ../nbs/11ab_discovery.ipynb #discov011bc
+def _one_structure(name: str, blocks, R: list, cfg) -> dict:
+    "The pattern every block shares; TypeError naming a block that differs."
     found = []
     for l, b in enumerate(blocks):
         f = _classify(R[l], b, cfg) if '' in R[l] else None
@@ -276,16 +292,26 @@ def discover(model) -> Family:
             f"{found[0]['pattern']} {found[0].get('first')}; block {l}: "
             f"{found[l]['pattern']} {found[l].get('first')}); one record "
             "describes one structure")
+    return found[0]
+
+def discover(model  # a transformers model (with or without its head)
+             ) -> Family:
+    "A Family record read off the model's blocks; TypeError with the reason."
+    cfg = model.config
+    base, path, blocks = _blocks_of(model)
+    ids = _probe_ids(model)
+    R = _record(base, blocks, ids)
+    found = _one_structure(type(model).__name__, blocks, R, cfg)
     body = _body(base, path, ids)              # a wrapper's decoder
     kw = dict(layers=path[len(body) + 1:] if body else path,
               model_type=cfg.model_type, body=body or None,
               encoder=_encoder(base, ids))
-    return Family(cfg.model_type, **kw, **found[0])
+    return Family(cfg.model_type, **kw, **found)
 
 # %% ../nbs/11ab_discovery.ipynb #discov013
 _FOUND = weakref.WeakKeyDictionary()     # base model -> discovered Family
 
-def find_adapter(model):
+def find_adapter(model):  # a transformers model, described or not
     "The described family's adapter, else one discovered from the blocks."
     try:
         return adapter(model)
@@ -319,9 +345,10 @@ def zoo_types() -> list:
         if t not in c)
 
 # %% ../nbs/11ab_discovery.ipynb #discov_z2
-def zoo_model(model_type: str, kind: str = 'causal'):
+def zoo_model(model_type: str,       # a transformers model_type
+              kind: str = 'causal'):  # 'causal' or 'masked' LM head
     "A tiny random float64 LM of `model_type` that runs; its error else."
-    import warnings, transformers as tf
+    import transformers as tf
     auto = (tf.AutoModelForCausalLM if kind == 'causal'
             else tf.AutoModelForMaskedLM)
     err, drop = None, set()
@@ -350,9 +377,9 @@ def zoo_model(model_type: str, kind: str = 'causal'):
     raise err
 
 # %% ../nbs/11ab_discovery.ipynb #discov_z3
-def zoo_table(rows: list) -> str:
+def zoo_table(rows: list  # dicts with type, result (and pattern, why)
+              ) -> str:
     "Markdown: the zoo's counts, its exact types by pattern, the refusals."
-    from collections import Counter
     n = Counter(r['result'] for r in rows)
     pat = {}
     for r in rows:
