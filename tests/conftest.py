@@ -43,7 +43,15 @@ def cuda_skip_reason(device: str, available: bool):
     return None
 
 
+# fixtures that imply a marker: `-m "not book"` runs everything but the book build
+FIXTURE_MARKS = {"book": "book", "smollm2": "hf"}
+
+
 def pytest_collection_modifyitems(config, items):
+    for it in items:
+        for fixture, mark in FIXTURE_MARKS.items():
+            if fixture in getattr(it, "fixturenames", ()):
+                it.add_marker(getattr(pytest.mark, mark))
     cuda = [it for it in items if it.get_closest_marker("cuda")]
     if not cuda: return
     device = config.getoption("--device")

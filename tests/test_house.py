@@ -165,13 +165,16 @@ def test_cuda_tests_run_only_with_device_cuda_on_a_gpu(device, available, runs):
 
 
 def test_device_option_in_a_session(tmp_path):
-    "A cuda-marked test is skipped with the default --device cpu; `device` is 'cpu'."
+    """A cuda-marked test is skipped with the default --device cpu; `device` is
+    'cpu'; a test that uses the `book` fixture is marked `book`."""
     shutil.copy(ROOT / "tests" / "conftest.py", tmp_path / "conftest.py")
     (tmp_path / "test_dev.py").write_text(
         "import pytest\n"
         "@pytest.mark.cuda\ndef test_gpu(): assert False\n"
-        "def test_dev(device): assert device == 'cpu'\n")
+        "def test_dev(device): assert device == 'cpu'\n"
+        "def test_built(book): assert False\n")
     r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider",
-                        str(tmp_path)], capture_output=True, text=True, cwd=tmp_path)
-    assert "1 passed, 1 skipped" in r.stdout, r.stdout + r.stderr
+                        "-m", "not book", str(tmp_path)], capture_output=True, text=True,
+                       cwd=tmp_path)
+    assert "1 passed, 1 skipped, 1 deselected" in r.stdout, r.stdout + r.stderr
     assert "needs --device cuda" in r.stdout, r.stdout
