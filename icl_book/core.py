@@ -137,6 +137,7 @@ def check_float(name: str,             # the argument's name, for the message
                          f"got {value!r}")
     return float(value)
 
+# %% ../nbs/00_core.ipynb #369af2c4
 def check_flag(name: str,  # the argument's name, for the message
                value,      # what the caller passed
               ) -> bool:
