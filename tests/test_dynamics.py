@@ -20,7 +20,8 @@ from icl_book.core import rel_err
 from icl_book.dynamics import (absorption_gd, additive_gd, end_points,
                                gd_iterates, gd_linear_attention, implicit_loss,
                                product_form, regression_tokens)
-from icl_book.trajectories import (TrajectoryStats, bench_trajectory,
+from icl_book.experiments.trajectories import bench_trajectory
+from icl_book.trajectories import (TrajectoryStats,
                                    block_trajectory, block_trajectory_naive,
                                    prefix_outputs, prefix_streams,
                                    stack_trajectory, stack_trajectory_naive,
