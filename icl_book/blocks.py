@@ -11,15 +11,13 @@ import torch
 from torch import nn
 import torch.nn.functional as F
 from .core import (check_finite, check_flag, check_int, check_memory,
-                           check_not_held,
-                           check_same,
-                           resolve_dtype, seed_everything)
+                           check_not_held, check_same, resolve_dtype,
+                           seed_everything)
 
 # %% auto #0
 __all__ = ['ATTENTION_KINDS', 'LAYER_KINDS', 'ACTS', 'as_seq', 'check_weights', 'ContextualLayer', 'Attention',
            'SoftmaxAttention', 'LinearAttention', 'RecurrentLayer', 'make_layer', 'RankOne', 'broadcasts_to',
-           'apply_update', 'MLP', 'ContextualBlock', 'make_block', 'PreLNBlock', 'StackConfig', 'PreLNStack',
-           'context_increments']
+           'apply_update', 'MLP', 'ContextualBlock', 'make_block', 'PreLNBlock', 'StackConfig', 'PreLNStack']
 
 # %% ../nbs/01_blocks.ipynb #5cb39485
 def as_seq(x: torch.Tensor,  # a sequence (B, T, d)
@@ -37,8 +35,7 @@ def as_seq(x: torch.Tensor,  # a sequence (B, T, d)
 
 def check_weights(module: nn.Module,       # any module with parameters
                   x: torch.Tensor,          # an input it is about to read
-                  name: str = 'the layer',  # what to call it in the message
-                 ) -> None:
+                  name: str = 'the layer'):  # what to call it in the message
     "Raise ValueError unless `module`'s weights have `x`'s dtype and device."
     w = next(module.parameters(), None)
     if w is not None and (w.dtype, w.device) != (x.dtype, x.device):
@@ -117,13 +114,6 @@ def _attend_chunks(mix, q, k, v, qv_self, shift, mask, budget) -> torch.Tensor:
         out[:, :, r] = o
     return out
 
-# %% ../nbs/01_blocks.ipynb #0e188627
-def _sdpa_applies(n: int, S: int, shift, mask, with_self: bool) -> bool:
-    "Whether torch's fused attention kernel computes an `attend` call."
-    # not for one key: the elementwise path skips the kernel's overhead
-    return n > 1 and mask is None and not with_self and (
-        shift is None or (shift == 1 and S == n))
-
 # %% ../nbs/01_blocks.ipynb #cde41116
 class Attention(ContextualLayer):
     "Shared projections and masking of softmax and linear self-attention."
@@ -140,7 +130,7 @@ class Attention(ContextualLayer):
     def mix(self, scores: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
         "Attention weights from scores (..., S, T) where m is True (may overwrite scores)."
         raise NotImplementedError
-    def _fused(self) -> bool: return False      # may attend use torch's SDPA?
+    def _fused(self, n, S, shift, mask, with_self) -> bool: return False  # SDPA?
     def _heads(self, t: torch.Tensor) -> torch.Tensor:
         B, T, d = t.shape                                  # -> (B, n_h, T, d_h)
         return t.view(B, T, self.heads, d // self.heads).transpose(1, 2)
@@ -149,7 +139,7 @@ class Attention(ContextualLayer):
         (B, S, d), n = Zq.shape, Zkv.shape[1]
         q = self._heads(self.q(Zq))                        # (B, n_h, S, d_h)
         k, v = self._heads(self.k(Zkv)), self._heads(self.v(Zkv))
-        if self._fused() and _sdpa_applies(n, S, shift, mask, with_self):
+        if self._fused(n, S, shift, mask, with_self):      # torch's own kernel
             out = F.scaled_dot_product_attention(q, k, v, is_causal=shift == 1)
         else:
             own = ((self._heads(self.k(Zq)), self._heads(self.v(Zq)))
@@ -170,8 +160,11 @@ class SoftmaxAttention(Attention):
     def mix(self, scores, m):                     # may overwrite scores
         return scores.masked_fill_(~m, float('-inf')).softmax(-1)
 
-    def _fused(self) -> bool:           # plain softmax: a fused, bounded kernel
-        return type(self).mix is SoftmaxAttention.mix
+    def _fused(self, n, S, shift, mask, with_self) -> bool:
+        "Whether torch's fused kernel computes this `attend` call (n > 1 keys)."
+        plain = shift is None or (shift == 1 and S == n)   # all, or square causal
+        return (type(self).mix is SoftmaxAttention.mix and n > 1  # 1 key: slower
+                and mask is None and not with_self and plain)
 
 class LinearAttention(Attention):
     "Multi-head linear (softmax-free) self-attention."
@@ -253,10 +246,8 @@ class RankOne(NamedTuple):
               + 2 * (du * u2).sum(-1) * (v * dv).sum(-1))
         return sq.clamp_min(0).sqrt()
 
-
 # %% ../nbs/01_blocks.ipynb #2f4632a0
-# Comparing rank-1 updates: methods of RankOne, defined apart to keep
-# the class short (assigned below, as fastcore's @patch would).
+# Comparing rank-1 updates: RankOne's methods, assigned below (as @patch would)
 def _cosine(self: RankOne, other: RankOne) -> torch.Tensor:
     "<P, Q>_F / (||P|| ||Q||) per index; 0 where either is zero."
     den = self.norm() * other.norm()
@@ -331,34 +322,30 @@ def _check_mlp(d_in, d_hidden, d_out, depth, act) -> None:
 # %% ../nbs/01_blocks.ipynb #23b50df2
 class MLP(nn.Module):
     "M_W(z) = f_θ(W z + b): a first dense layer (W, b), then the rest."
-    def __init__(self, d_in: int,                    # input width d
-                 d_hidden: int,                 # hidden width H (rows of W)
-                 d_out: Optional[int] = None,   # output width (None: d_in)
-                 depth: int = 2,                # dense layers, >= 2
-                 act: str = 'gelu'):            # activation, one of ACTS
+    def __init__(self, d_in: int,               # input width d
+                 d_hidden: int,              # hidden width H (rows of W)
+                 d_out: Optional[int] = None,  # output width (None: d_in)
+                 depth: int = 2,             # dense layers, >= 2
+                 act: str = 'gelu'):         # activation, one of ACTS
         super().__init__()
         _check_mlp(d_in, d_hidden, d_out, depth, act)
         dims = [d_in] + [d_hidden] * (depth - 1) + [d_out or d_in]
         self.layers = nn.ModuleList(nn.Linear(a, b) for a, b in zip(dims, dims[1:]))
         self.act = act
-
     @property
     def W(self) -> torch.Tensor: return self.layers[0].weight   # (H, d)
     @property
     def b(self) -> torch.Tensor: return self.layers[0].bias     # (H,)
-
     def _pre(self, z, dW=None, db=None) -> torch.Tensor:
         H = self.W.shape[0]
         pre = F.linear(z, self.W, self.b) + apply_update(dW, z, H)  # (..., H)
         return pre if db is None else pre + db
-
     def _hidden(self, pre: torch.Tensor) -> torch.Tensor:
         g = ACTS[self.act](pre)                     # what W_out will read
         for lin in list(self.layers)[1:-1]:   # (slicing builds a ModuleList)
             g = ACTS[self.act](lin(g))
         return g
-
-    def forward(self, z,            # input (..., d)
+    def forward(self, z,      # input (..., d)
                 dW=None,      # update of W: RankOne, (H, d) or (..., H, d)
                 dW_out=None,  # update of the last weight W_out
                 db_out=None,  # update of the last bias (..., d_out)
@@ -368,8 +355,7 @@ class MLP(nn.Module):
         return self.rest(self._pre(z, dW, db), dW_out, db_out)
 
 # %% ../nbs/01_blocks.ipynb #74d9872a
-# What the last layer reads, and everything after W: methods of MLP defined
-# apart to keep the class short (assigned below, as fastcore's @patch would).
+# MLP.hidden and MLP.rest, defined apart to keep the class short
 def _mlp_hidden(self: MLP, z, dW=None, db=None) -> torch.Tensor:
     "What the last dense layer reads when the MLP reads z (..., H)."
     return self._hidden(self._pre(z, dW, db))
@@ -511,12 +497,3 @@ class PreLNStack(nn.Module):
         out = self.ln_f(H)
         out = self.read_out(out) if self.read_out is not None else out
         return (out, hidden) if return_hidden else out
-
-# %% ../nbs/01_blocks.ipynb #c9738c39
-def context_increments(layer: ContextualLayer,  # a contextual layer A
-                       C: torch.Tensor,         # context (B, n, d)
-                       x: torch.Tensor,         # query (B, d)
-                      ) -> torch.Tensor:
-    "||A(c_1..c_{i+1}, x) - A(c_1..c_i, x)|| for i = 0..n-1; C (B, n, d), x (B, d)."
-    A = torch.stack([layer(C[:, :i], x) for i in range(C.shape[1] + 1)], 1)
-    return (A[:, 1:] - A[:, :-1]).norm(dim=-1)               # (B, n)

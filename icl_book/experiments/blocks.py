@@ -5,14 +5,23 @@
 from __future__ import annotations
 
 # %% auto #0
-__all__ = ['plot_context_increments']
+__all__ = ['context_increments', 'plot_context_increments']
 
 # %% ../../nbs/01_blocks.ipynb #a394bc32
 import matplotlib.pyplot as plt
 import torch
 from ..core import seed_everything
-from ..blocks import LAYER_KINDS, context_increments, make_layer
+from ..blocks import LAYER_KINDS, ContextualLayer, make_layer
 from .core import set_style
+
+# %% ../../nbs/01_blocks.ipynb #c9738c39
+def context_increments(layer: ContextualLayer,  # a contextual layer A
+                       C: torch.Tensor,         # context (B, n, d)
+                       x: torch.Tensor,         # query (B, d)
+                      ) -> torch.Tensor:
+    "||A(c_1..c_{i+1}, x) - A(c_1..c_i, x)|| for i = 0..n-1; C (B, n, d), x (B, d)."
+    A = torch.stack([layer(C[:, :i], x) for i in range(C.shape[1] + 1)], 1)
+    return (A[:, 1:] - A[:, :-1]).norm(dim=-1)               # (B, n)
 
 # %% ../../nbs/01_blocks.ipynb #45d259f7
 def plot_context_increments(n: int = 128,    # longest context
