@@ -465,7 +465,7 @@ class StackConfig:
 # %% ../nbs/01_blocks.ipynb #6bf493c8
 class PreLNStack(nn.Module):
     "L Pre-LN blocks and a final LayerNorm, with optional read-in/read-out."
-    def __init__(self, cfg: StackConfig = StackConfig()):
+    def __init__(self, cfg: StackConfig = StackConfig()):  # sizes, kind, dtype
         super().__init__()
         if cfg.depth < 1: raise ValueError(f"depth must be >= 1, got {cfg.depth}")
         seed_everything(cfg.seed); self.cfg = cfg

@@ -244,7 +244,10 @@ class TrajectoryStats:
     "Running means and spreads over tasks of `trajectory_summaries`, per layer."
     def __init__(self): self._acc = {}  # [mean, sum sq. deviations, count]
 
-    def update(self, layer: int, dW: RankOne, db=None) -> None:
+    def update(self, layer: int,  # the layer these trajectories belong to
+               dW: RankOne,       # ΔW_i: u (B, n, H), v (B, n, d)
+               db=None,           # Δb_i (B, n, d), or None
+              ) -> None:
         "Add one chunk of tasks' trajectories of one layer (merged, not summed)."
         for k, val in trajectory_summaries(dW, db).items():
             nb, mb = val.shape[0], val.mean(0)

@@ -27,7 +27,7 @@ def context_increments(layer: ContextualLayer,  # a contextual layer A
 def plot_context_increments(n: int = 128,    # longest context
                             d: int = 16,     # token width
                             batch: int = 32, # random queries and contexts
-                            seed: int = 0):
+                            seed: int = 0):  # seeds layers and inputs
     "Figure: per-token change of A(C, x) vs context length, per layer kind."
     set_style(); g = seed_everything(seed)
     C, x = torch.randn(batch, n, d, generator=g), torch.randn(batch, d, generator=g)

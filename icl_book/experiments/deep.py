@@ -20,7 +20,7 @@ def error_sweep(depth: int = 12,             # deepest stack of the depth sweep
                 depth_context: int = 256,    # its context length
                 contexts=tuple(2 ** k for k in range(10)),  # context sweep
                 context_depth: int = 10,     # depth of the context sweep
-                dtypes=('float32', 'float64'),
+                dtypes=('float32', 'float64'),  # precisions
                 seeds=(0, 1, 2),             # random stacks per point
                 batch: int = 2,              # sequences per stack
                 **more,                      # passed on to verify

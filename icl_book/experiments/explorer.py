@@ -77,7 +77,8 @@ def chunk_positions(chunk='whole',           # a name in CHUNKS, or positions
                     n: int = 32,             # context length
                     k: Optional[int] = None, # size of a named chunk (n // 3)
                     depth: int = 1,          # > 1: whole or prefix only
-                    seed: int = 0) -> list:  # draws the scattered positions
+                    seed: int = 0,           # draws the scattered positions
+                   ) -> list:
     "Sorted positions of C removed by `chunk` (name and size k, or positions)"
     if isinstance(chunk, str):
         if chunk not in CHUNKS:
@@ -388,7 +389,8 @@ def _static_controls(widgets, g: dict) -> dict:
 STATIC_GRID = dict(kind=LAYER_KINDS, depth=(3, 1), n=(64, 16))  # first: DEFAULTS
 
 def static_explorer(grid: Optional[dict] = None,  # axes; see STATIC_GRID
-                    chunk: str = 'prefix', dpi: int = 70):  # one of STACK_CHUNKS
+                    chunk: str = 'prefix',  # one of STACK_CHUNKS
+                    dpi: int = 70):         # resolution of the panels
     "Explorer for a page with no kernel: each panel of `grid` drawn ahead."
     widgets = _widgets('static_explorer')
     g = {**STATIC_GRID, **(grid or {})}
