@@ -179,6 +179,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                'icl_book.deep._check_block': ('deep.html#_check_block', 'icl_book/deep.py'),
                                'icl_book.deep._check_fit': ('deep.html#_check_fit', 'icl_book/deep.py'),
                                'icl_book.deep._check_lm': ('deep.html#_check_lm', 'icl_book/deep.py'),
+                               'icl_book.deep._check_positions': ('deep.html#_check_positions', 'icl_book/deep.py'),
                                'icl_book.deep._check_tokens': ('deep.html#_check_tokens', 'icl_book/deep.py'),
                                'icl_book.deep._embed': ('deep.html#_embed', 'icl_book/deep.py'),
                                'icl_book.deep._forward': ('deep.html#_forward', 'icl_book/deep.py'),

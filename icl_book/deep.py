@@ -120,10 +120,18 @@ def _check_tokens(tokens, vocab: int) -> None:
         raise ValueError(f"token ids must lie in 0..{vocab - 1} (the vocab), "
                          f"got ids {tokens.min().item()}..{tokens.max().item()}")
 
+def _check_positions(start: int, T: int, n_pos: int) -> None:
+    "Raise ValueError unless positions start..start+T-1 are learned ones."
+    if start < 0 or start + T > n_pos:
+        raise ValueError(
+            f"positions {start}..{start + T - 1} do not exist: the model "
+            f"has {n_pos} learned positions. Shorten the context or the "
+            f"query, or build the model with n_pos >= {start + T}.")
+
 # %% ../nbs/03_deep.ipynb #c49bfb89
 class TinyLM(nn.Module):
     "Token (+ position) embedding, Pre-LN blocks, final LN and an LM head."
-    def __init__(self, cfg: LMConfig = LMConfig()):
+    def __init__(self, cfg: LMConfig = LMConfig()):  # sizes, vocab, positions
         super().__init__()
         if cfg.d_in is not None or cfg.d_out is not None:
             raise ValueError("TinyLM embeds tokens and reads out logits "
@@ -135,21 +143,20 @@ class TinyLM(nn.Module):
         self.to(resolve_dtype(cfg.dtype))
     blocks = property(lambda self: self.stack.blocks)   # the Pre-LN blocks
 
-    def embed(self, tokens: torch.Tensor, start: int = 0) -> torch.Tensor:
+    def embed(self, tokens: torch.Tensor,  # token ids (B, T)
+              start: int = 0,         # position of the first token
+             ) -> torch.Tensor:
         "Token ids (B, T) at positions start.. -> residual stream (B, T, d)."
         _check_tokens(tokens, self.cfg.vocab)
-        T, n_pos = tokens.shape[1], self.cfg.n_pos
         if self.pos is None: return self.tok(tokens)
-        if start < 0 or start + T > n_pos:
-            raise ValueError(
-                f"positions {start}..{start + T - 1} do not exist: the model "
-                f"has {n_pos} learned positions. Shorten the context or the "
-                f"query, or build the model with n_pos >= {start + T}.")
+        T = tokens.shape[1]; _check_positions(start, T, self.cfg.n_pos)
         pos = torch.arange(start, start + T, device=tokens.device)
         return self.tok(tokens) + self.pos(pos)               # (B, T, d)
 
-    def forward(self, tokens, start: Optional[int] = None, updates=None,
-                return_hidden: bool = False):
+    def forward(self, tokens,                # token ids (B, T)
+                start: Optional[int] = None, # first position (None: see doc)
+                updates=None,                # per block: dict of MLP updates
+                return_hidden: bool = False):  # also the stream per block
         "Logits (B, T, vocab) at positions start.. (default 0, or the patch's)."
         check_not_held(self, 'this TinyLM')
         held = getattr(held_by(self), 'tag', None)   # DeepPatch.inplace's
@@ -238,8 +245,8 @@ _KEYS = itertools.count(1)
 
 
 # %% ../nbs/03_deep.ipynb #3e80ed90
-def _check_fit(patch, model, x=None) -> nn.ModuleList:
-    "The model's blocks, if `patch` fits the model and the query x."
+def _check_fit(patch, model, x=None, one=False) -> nn.ModuleList:
+    "The model's blocks, if `patch` fits the model, the query x (and one position)."
     blocks = _model_blocks(model)
     if len(blocks) != len(patch):
         raise ValueError(f"the patch has {len(patch)} layers, the model "
@@ -249,6 +256,11 @@ def _check_fit(patch, model, x=None) -> nn.ModuleList:
             f"this patch was computed for another {type(model).__name__} (of "
             "the same shape, perhaps); a patch holds for the model it was "
             "made for only: compute context_patches(model, C, x)")
+    if one and math.prod(patch.shape) != 1:
+        raise ValueError(
+            f"in-place patching writes one matrix per layer, so it needs "
+            f"the patch of one query token of one sequence; this one has "
+            f"(B, q) = {patch.shape}. Use patch.apply(model, x) instead.")
     if x is None: return blocks
     if tuple(x.shape[:2]) != patch.shape:
         raise ValueError(f"the patch was computed for (B, q) = "
@@ -285,19 +297,17 @@ class DeepPatch:
         "The `updates` argument of the model's forward."
         return [p.kwargs() for p in self.layers]
 
-    def apply(self, model, x, return_hidden: bool = False):
+    def apply(self, model,                  # the model it was computed for
+              x,                            # its query (B, q, .)
+              return_hidden: bool = False): # also the stream per block
         "Run `model` on the query x alone with the patch (no weight changes)."
         _check_fit(self, model, x)
         return _forward(model, x, self.start, self.updates(), return_hidden)
 
-    def inplace(self, model) -> InPlace:
+    def inplace(self, model,  # the model it was computed for
+               ) -> InPlace:
         "A `with` block writing the patch into `model`'s weights, restored bit for bit."
-        blocks = _check_fit(self, model)
-        if math.prod(self.shape) != 1:
-            raise ValueError(
-                f"in-place patching writes one matrix per layer, so it needs "
-                f"the patch of one query token of one sequence; this one has "
-                f"(B, q) = {self.shape}. Use patch.apply(model, x) instead.")
+        blocks = _check_fit(self, model, one=True)
         return InPlace(_inplace_edits(blocks, self.layers), model, self.start)
 
 
