@@ -1,8 +1,8 @@
 """Whole patch trajectories: the naive loop of n forward passes vs one pass.
 
-Runs `icl_book.trajectories.bench_trajectory` (10-layer causal Pre-LN stack, width
-64, float32 timing, float64 agreement) for each n and prints one JSON line per
-n. With --out FILE the lines are also written to FILE (the book's chapter 04
+Runs `icl_book.experiments.trajectories.bench_trajectory` (10-layer causal
+Pre-LN stack, width 64, float32 timing, float64 agreement) for each n and prints
+one JSON line per n. With --out FILE the lines are also written to FILE (the book's chapter 04
 reads bench/trajectory.jsonl for its closing note).
 
     python bench/trajectory.py                     # n = 64, 256, 1024
@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from icl_book.trajectories import bench_trajectory
+from icl_book.experiments.trajectories import bench_trajectory
 
 
 def main(argv=None) -> list:

@@ -11,7 +11,7 @@ import time
 from .core import DTYPES
 from .blocks import LAYER_KINDS
 from .deep import PATCH_MODES, verify
-from .trajectories import bench_trajectory
+from .experiments.trajectories import bench_trajectory
 from .compress import add_compress_parser     # `compress` (11d)
 
 # %% auto #0

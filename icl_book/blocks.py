@@ -11,18 +11,18 @@ import torch
 from torch import nn
 import torch.nn.functional as F
 from .core import (check_finite, check_flag, check_int, check_memory,
-                           check_not_held,
-                           check_same,
-                           resolve_dtype, seed_everything)
+                           check_not_held, check_same, resolve_dtype,
+                           seed_everything)
 
 # %% auto #0
-__all__ = ['ATTENTION_KINDS', 'LAYER_KINDS', 'ACTS', 'as_seq', 'ContextualLayer', 'Attention', 'SoftmaxAttention',
-           'LinearAttention', 'RecurrentLayer', 'make_layer', 'RankOne', 'broadcasts_to', 'apply_update', 'MLP',
-           'ContextualBlock', 'make_block', 'PreLNBlock', 'StackConfig', 'PreLNStack', 'context_increments',
-           'plot_context_increments']
+__all__ = ['ATTENTION_KINDS', 'LAYER_KINDS', 'ACTS', 'as_seq', 'check_weights', 'ContextualLayer', 'Attention',
+           'SoftmaxAttention', 'LinearAttention', 'RecurrentLayer', 'make_layer', 'RankOne', 'broadcasts_to',
+           'apply_update', 'MLP', 'ContextualBlock', 'make_block', 'PreLNBlock', 'StackConfig', 'PreLNStack']
 
 # %% ../nbs/01_blocks.ipynb #5cb39485
-def as_seq(x: torch.Tensor, name: str) -> torch.Tensor:
+def as_seq(x: torch.Tensor,  # a sequence (B, T, d)
+           name: str,        # what to call it in the message
+          ) -> torch.Tensor:
     "Return x if it is a tensor of shape (B, T, d); else a clear error."
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
@@ -33,6 +33,16 @@ def as_seq(x: torch.Tensor, name: str) -> torch.Tensor:
                          "there is nothing to run")
     return x
 
+def check_weights(module: nn.Module,       # any module with parameters
+                  x: torch.Tensor,          # an input it is about to read
+                  name: str = 'the layer'):  # what to call it in the message
+    "Raise ValueError unless `module`'s weights have `x`'s dtype and device."
+    w = next(module.parameters(), None)
+    if w is not None and (w.dtype, w.device) != (x.dtype, x.device):
+        raise ValueError(f"{name}'s weights are {w.dtype} on {w.device} "
+                         f"but the inputs are {x.dtype} on {x.device}; "
+                         "convert one with .to(...)")
+
 # %% ../nbs/01_blocks.ipynb #f7ae0e13
 class ContextualLayer(nn.Module):
     "A layer A(C, x): the outputs at the query position(s) after reading C."
@@ -42,7 +52,9 @@ class ContextualLayer(nn.Module):
         "Outputs at every position of `Z` (B, T, d_in) -> (B, T, d_out)."
         raise NotImplementedError
 
-    def forward(self, C: Optional[torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+    def forward(self, C: Optional[torch.Tensor],  # context (B, n, d) or None
+                x: torch.Tensor,             # query (B, q, d) or (B, d)
+               ) -> torch.Tensor:
         "A(C, x); C (B, n, d) or None, x (B, q, d) or (B, d)."
         single = isinstance(x, torch.Tensor) and x.dim() == 2
         x = as_seq(x[:, None] if single else x, 'x')
@@ -55,11 +67,7 @@ class ContextualLayer(nn.Module):
         if x.shape[2] != self.d_in:
             raise ValueError(f"this layer reads tokens of width {self.d_in}, "
                              f"got x of width {x.shape[2]}")
-        w = next(self.parameters(), None)
-        if w is not None and (w.dtype, w.device) != (x.dtype, x.device):
-            raise ValueError(f"the layer's weights are {w.dtype} on {w.device} "
-                             f"but the inputs are {x.dtype} on {x.device}; "
-                             "convert one with .to(...)")
+        check_weights(self, x)
         out = self.at_queries(C, x)                       # (B, q, d_out)
         return out[:, 0] if single else out
 
@@ -122,7 +130,7 @@ class Attention(ContextualLayer):
     def mix(self, scores: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
         "Attention weights from scores (..., S, T) where m is True (may overwrite scores)."
         raise NotImplementedError
-    def _fused(self) -> bool: return False      # may attend use torch's SDPA?
+    def _fused(self, n, S, shift, mask, with_self) -> bool: return False  # SDPA?
     def _heads(self, t: torch.Tensor) -> torch.Tensor:
         B, T, d = t.shape                                  # -> (B, n_h, T, d_h)
         return t.view(B, T, self.heads, d // self.heads).transpose(1, 2)
@@ -131,9 +139,7 @@ class Attention(ContextualLayer):
         (B, S, d), n = Zq.shape, Zkv.shape[1]
         q = self._heads(self.q(Zq))                        # (B, n_h, S, d_h)
         k, v = self._heads(self.k(Zkv)), self._heads(self.v(Zkv))
-        if self._fused() and n > 1 and mask is None and not with_self and (
-                shift is None or (shift == 1 and S == n)):  # torch's own kernel
-            # (not for one key: the elementwise path below skips its overhead)
+        if self._fused(n, S, shift, mask, with_self):      # torch's own kernel
             out = F.scaled_dot_product_attention(q, k, v, is_causal=shift == 1)
         else:
             own = ((self._heads(self.k(Zq)), self._heads(self.v(Zq)))
@@ -154,8 +160,11 @@ class SoftmaxAttention(Attention):
     def mix(self, scores, m):                     # may overwrite scores
         return scores.masked_fill_(~m, float('-inf')).softmax(-1)
 
-    def _fused(self) -> bool:           # plain softmax: a fused, bounded kernel
-        return type(self).mix is SoftmaxAttention.mix
+    def _fused(self, n, S, shift, mask, with_self) -> bool:
+        "Whether torch's fused kernel computes this `attend` call (n > 1 keys)."
+        plain = shift is None or (shift == 1 and S == n)   # all, or square causal
+        return (type(self).mix is SoftmaxAttention.mix and n > 1  # 1 key: slower
+                and mask is None and not with_self and plain)
 
 class LinearAttention(Attention):
     "Multi-head linear (softmax-free) self-attention."
@@ -182,8 +191,11 @@ class RecurrentLayer(ContextualLayer):
 ATTENTION_KINDS = ('softmax', 'linear')               # layers with heads
 LAYER_KINDS = ATTENTION_KINDS + ('elman', 'gru', 'lstm')
 
-def make_layer(kind: str, d: int, heads: int = 1,
-               causal: bool = True) -> ContextualLayer:
+def make_layer(kind: str,            # one of LAYER_KINDS
+               d: int,               # token width
+               heads: int = 1,       # attention heads (attention kinds only)
+               causal: bool = True,  # False: bidirectional attention
+              ) -> ContextualLayer:
     "A contextual layer of width `d`: one of `LAYER_KINDS`."
     check_int('d (the width)', d); check_int('heads', heads)
     check_flag('causal', causal)
@@ -234,10 +246,8 @@ class RankOne(NamedTuple):
               + 2 * (du * u2).sum(-1) * (v * dv).sum(-1))
         return sq.clamp_min(0).sqrt()
 
-
 # %% ../nbs/01_blocks.ipynb #2f4632a0
-# Comparing rank-1 updates: methods of RankOne, defined apart to keep
-# the class short (assigned below, as fastcore's @patch would).
+# Comparing rank-1 updates: RankOne's methods, assigned below (as @patch would)
 def _cosine(self: RankOne, other: RankOne) -> torch.Tensor:
     "<P, Q>_F / (||P|| ||Q||) per index; 0 where either is zero."
     den = self.norm() * other.norm()
@@ -261,13 +271,18 @@ RankOne.cosine, RankOne.unit = _cosine, _unit
 RankOne.factor_cosines, RankOne.gram = _factor_cosines, _gram
 
 # %% ../nbs/01_blocks.ipynb #43b380df
-def broadcasts_to(shape, target) -> bool:
+def broadcasts_to(shape,   # a shape (tuple or torch.Size)
+                  target,  # the shape to broadcast to
+                 ) -> bool:
     "Whether a tensor of `shape` broadcasts to `target` without growing it."
     shape, target = tuple(shape), tuple(target)    # plain Python, no torch call
     return len(shape) <= len(target) and all(
         s == t or s == 1 for s, t in zip(reversed(shape), reversed(target)))
 
-def apply_update(dW, z: torch.Tensor, H: Optional[int] = None) -> torch.Tensor:
+def apply_update(dW,                      # None, RankOne, (H, d) or (..., H, d)
+                 z: torch.Tensor,         # layer input (..., d)
+                 H: Optional[int] = None, # rows of the weight it adds to
+                ) -> torch.Tensor:
     "ΔW z for ΔW None (zero), `RankOne`, (H, d) or (..., H, d); z (..., d)."
     if dW is None: return 0.
     if isinstance(dW, RankOne):
@@ -307,49 +322,58 @@ def _check_mlp(d_in, d_hidden, d_out, depth, act) -> None:
 # %% ../nbs/01_blocks.ipynb #23b50df2
 class MLP(nn.Module):
     "M_W(z) = f_θ(W z + b): a first dense layer (W, b), then the rest."
-    def __init__(self, d_in: int, d_hidden: int, d_out: Optional[int] = None,
-                 depth: int = 2, act: str = 'gelu'):
+    def __init__(self, d_in: int,               # input width d
+                 d_hidden: int,              # hidden width H (rows of W)
+                 d_out: Optional[int] = None,  # output width (None: d_in)
+                 depth: int = 2,             # dense layers, >= 2
+                 act: str = 'gelu'):         # activation, one of ACTS
         super().__init__()
         _check_mlp(d_in, d_hidden, d_out, depth, act)
         dims = [d_in] + [d_hidden] * (depth - 1) + [d_out or d_in]
         self.layers = nn.ModuleList(nn.Linear(a, b) for a, b in zip(dims, dims[1:]))
         self.act = act
-
     @property
     def W(self) -> torch.Tensor: return self.layers[0].weight   # (H, d)
     @property
     def b(self) -> torch.Tensor: return self.layers[0].bias     # (H,)
-
     def _pre(self, z, dW=None, db=None) -> torch.Tensor:
         H = self.W.shape[0]
         pre = F.linear(z, self.W, self.b) + apply_update(dW, z, H)  # (..., H)
         return pre if db is None else pre + db
-
     def _hidden(self, pre: torch.Tensor) -> torch.Tensor:
         g = ACTS[self.act](pre)                     # what W_out will read
         for lin in list(self.layers)[1:-1]:   # (slicing builds a ModuleList)
             g = ACTS[self.act](lin(g))
         return g
-
-    def hidden(self, z, dW=None, db=None) -> torch.Tensor:
-        "What the last dense layer reads when the MLP reads z (..., H)."
-        return self._hidden(self._pre(z, dW, db))
-
-    def rest(self, pre: torch.Tensor, dW_out=None, db_out=None) -> torch.Tensor:
-        "f_θ: everything after the first dense layer (optionally updated)."
-        g = self._hidden(pre)
-        last = self.layers[-1]
-        out = last(g) + apply_update(dW_out, g, last.weight.shape[0])
-        return out if db_out is None else out + db_out
-    def forward(self, z, dW=None, dW_out=None, db_out=None,
-                db=None) -> torch.Tensor:
+    def forward(self, z,      # input (..., d)
+                dW=None,      # update of W: RankOne, (H, d) or (..., H, d)
+                dW_out=None,  # update of the last weight W_out
+                db_out=None,  # update of the last bias (..., d_out)
+                db=None,      # update of the first bias b (..., H)
+               ) -> torch.Tensor:
         "M_{W+ΔW}(z); updates of W, b and of the last weight and bias optional."
         return self.rest(self._pre(z, dW, db), dW_out, db_out)
+
+# %% ../nbs/01_blocks.ipynb #74d9872a
+# MLP.hidden and MLP.rest, defined apart to keep the class short
+def _mlp_hidden(self: MLP, z, dW=None, db=None) -> torch.Tensor:
+    "What the last dense layer reads when the MLP reads z (..., H)."
+    return self._hidden(self._pre(z, dW, db))
+
+def _mlp_rest(self: MLP, pre: torch.Tensor, dW_out=None, db_out=None) -> torch.Tensor:
+    "f_θ: everything after the first dense layer (optionally updated)."
+    g = self._hidden(pre)
+    last = self.layers[-1]
+    out = last(g) + apply_update(dW_out, g, last.weight.shape[0])
+    return out if db_out is None else out + db_out
+
+MLP.hidden, MLP.rest = _mlp_hidden, _mlp_rest
 
 # %% ../nbs/01_blocks.ipynb #db7f61ba
 class ContextualBlock(nn.Module):
     "T_W(C, x) = f_θ(W A(C, x) + b): a contextual layer followed by an MLP."
-    def __init__(self, layer: ContextualLayer, mlp: MLP):
+    def __init__(self, layer: ContextualLayer,  # A
+                 mlp: MLP):                  # M_W, reading A's output
         super().__init__()
         if mlp.W.shape[1] != layer.d_out:
             raise ValueError(f"the MLP reads width {mlp.W.shape[1]} but the layer "
@@ -371,9 +395,15 @@ class ContextualBlock(nn.Module):
         return self.mlp(self.layer(C, x), dW)
 
 # %% ../nbs/01_blocks.ipynb #61d1eb1f
-def make_block(kind: str = 'softmax', d: int = 8, d_hidden: int = 32,
-               heads: int = 2, causal: bool = True, depth: int = 2,
-               dtype='float64', seed: int = 0) -> ContextualBlock:
+def make_block(kind: str = 'softmax',  # contextual layer, one of LAYER_KINDS
+               d: int = 8,             # token width
+               d_hidden: int = 32,     # MLP hidden width H
+               heads: int = 2,         # attention heads (attention kinds only)
+               causal: bool = True,    # False: bidirectional attention
+               depth: int = 2,         # dense layers of the MLP
+               dtype='float64',        # 'float32' or 'float64'
+               seed: int = 0,          # initialisation seed
+              ) -> ContextualBlock:
     "A randomly initialised contextual block of the given layer kind."
     check_int('d_hidden', d_hidden); check_int('depth', depth)
     check_memory("a block of these sizes", 64 * d * (d + d_hidden * depth))
@@ -386,8 +416,11 @@ def make_block(kind: str = 'softmax', d: int = 8, d_hidden: int = 32,
 # %% ../nbs/01_blocks.ipynb #6f7f4746
 class PreLNBlock(nn.Module):
     "h = z + A(LN1 z); out = h + MLP(LN2 h), over whole sequences (B, T, d)."
-    def __init__(self, d: int, heads: int = 4, d_mlp: int = 128,
-                 kind: str = 'softmax', causal: bool = True):
+    def __init__(self, d: int,               # width of the residual stream
+                 heads: int = 4,            # attention heads
+                 d_mlp: int = 128,          # MLP hidden width H
+                 kind: str = 'softmax',     # contextual layer, one of LAYER_KINDS
+                 causal: bool = True):      # False: bidirectional attention
         super().__init__()
         self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
         self.layer = make_layer(kind, d, heads, causal)
@@ -432,7 +465,7 @@ class StackConfig:
 # %% ../nbs/01_blocks.ipynb #6bf493c8
 class PreLNStack(nn.Module):
     "L Pre-LN blocks and a final LayerNorm, with optional read-in/read-out."
-    def __init__(self, cfg: StackConfig = StackConfig()):
+    def __init__(self, cfg: StackConfig = StackConfig()):  # sizes, kind, dtype
         super().__init__()
         if cfg.depth < 1: raise ValueError(f"depth must be >= 1, got {cfg.depth}")
         seed_everything(cfg.seed); self.cfg = cfg
@@ -448,7 +481,10 @@ class PreLNStack(nn.Module):
         "Token features (B, T, d_in) -> residual stream (B, T, d_model)."
         return self.read_in(X) if self.read_in is not None else X
 
-    def forward(self, X, updates=None, mask=None, return_hidden=False):
+    def forward(self, X,                 # inputs (B, T, d_in or d_model)
+                updates=None,        # per block: a dict of MLP updates, or None
+                mask=None,           # attention mask (T, T) or (B, T, T)
+                return_hidden=False):  # also the stream after every block
         "Run the stack; `updates[l]` is a dict of MLP updates for block l."
         check_not_held(self, 'this PreLNStack')
         H = self.embed(as_seq(X, 'X')); hidden = [H]
@@ -461,30 +497,3 @@ class PreLNStack(nn.Module):
         out = self.ln_f(H)
         out = self.read_out(out) if self.read_out is not None else out
         return (out, hidden) if return_hidden else out
-
-# %% ../nbs/01_blocks.ipynb #c9738c39
-def context_increments(layer: ContextualLayer, C: torch.Tensor,
-                       x: torch.Tensor) -> torch.Tensor:
-    "||A(c_1..c_{i+1}, x) - A(c_1..c_i, x)|| for i = 0..n-1; C (B, n, d), x (B, d)."
-    A = torch.stack([layer(C[:, :i], x) for i in range(C.shape[1] + 1)], 1)
-    return (A[:, 1:] - A[:, :-1]).norm(dim=-1)               # (B, n)
-
-# %% ../nbs/01_blocks.ipynb #45d259f7
-def plot_context_increments(n: int = 128, d: int = 16, batch: int = 32,
-                            seed: int = 0):
-    "Figure: per-token change of A(C, x) vs context length, per layer kind."
-    import matplotlib.pyplot as plt
-    from icl_book.core import set_style
-    set_style(); g = seed_everything(seed)
-    C, x = torch.randn(batch, n, d, generator=g), torch.randn(batch, d, generator=g)
-    fig, ax = plt.subplots()
-    for kind in LAYER_KINDS:
-        seed_everything(seed)
-        with torch.no_grad(): inc = context_increments(make_layer(kind, d, 2), C, x)
-        inc = inc / inc[:, :1]                                # relative to token 1
-        ax.plot(range(1, n + 1), inc.median(0).values, label=kind)
-    ax.set(xscale='log', yscale='log', xlabel='context length $i$',
-           ylabel=r'$\|A(c_{1..i+1},x)-A(c_{1..i},x)\|$ / first',
-           title='How much one more context token moves the query')
-    ax.legend(); fig.tight_layout()
-    return fig

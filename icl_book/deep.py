@@ -18,8 +18,7 @@ from .patch import token_patch_factors
 
 # %% auto #0
 __all__ = ['PATCH_MODES', 'MODES', 'VERIFY_DEFAULTS', 'BlockPatch', 'attention_residual', 'block_patch_factors', 'LMConfig',
-           'TinyLM', 'DeepPatch', 'context_patches', 'patch_errors', 'greedy', 'greedy_patched', 'verify',
-           'error_sweep', 'plot_equivalence']
+           'TinyLM', 'DeepPatch', 'context_patches', 'patch_errors', 'greedy', 'greedy_patched', 'verify']
 
 # %% ../nbs/03_deep.ipynb #3ca65109
 class BlockPatch(NamedTuple):
@@ -55,7 +54,9 @@ def _check_block(block, where: str = 'the block') -> None:
             "ln1(z)), out = h + mlp(ln2(h)) with an icl_book MLP, as in "
             "icl_book.blocks.PreLNBlock.")
 
-def attention_residual(block: PreLNBlock, Z: torch.Tensor) -> torch.Tensor:
+def attention_residual(block: PreLNBlock,  # a Pre-LN block
+                       Z: torch.Tensor,    # its input stream (..., T, d)
+                      ) -> torch.Tensor:
     "h = z + A(LN1 z) over the sequence Z (..., T, d), any leading dims."
     T, d = Z.shape[-2:]
     return block.residual(Z.reshape(-1, T, d)).reshape(Z.shape)  # (B', T, d)
@@ -65,9 +66,12 @@ def attention_residual(block: PreLNBlock, Z: torch.Tensor) -> torch.Tensor:
 PATCH_MODES = ('bias', 'rank1')   # residual carried by Δb_out, or by ΔW_out
 MODES = PATCH_MODES               # the former name (icl_book.hf uses it)
 
-def block_patch_factors(block: PreLNBlock, h_ctx: torch.Tensor,
-                        z_free: torch.Tensor, mode: str = 'bias',
-                        min_norm=None) -> BlockPatch:
+def block_patch_factors(block: PreLNBlock,     # the block to patch
+                        h_ctx: torch.Tensor,   # with-context h (..., q, d)
+                        z_free: torch.Tensor,  # context-free input (..., q, d)
+                        mode: str = 'bias',    # one of PATCH_MODES
+                        min_norm=None,         # see patch.token_patch_factors
+                       ) -> BlockPatch:
     "Patch making `block`(z_free) equal its with-context output; (..., q, d)."
     # z_free may have size 1 in a leading dim of h_ctx: one free run, many
     _check_block(block)
@@ -116,10 +120,18 @@ def _check_tokens(tokens, vocab: int) -> None:
         raise ValueError(f"token ids must lie in 0..{vocab - 1} (the vocab), "
                          f"got ids {tokens.min().item()}..{tokens.max().item()}")
 
+def _check_positions(start: int, T: int, n_pos: int) -> None:
+    "Raise ValueError unless positions start..start+T-1 are learned ones."
+    if start < 0 or start + T > n_pos:
+        raise ValueError(
+            f"positions {start}..{start + T - 1} do not exist: the model "
+            f"has {n_pos} learned positions. Shorten the context or the "
+            f"query, or build the model with n_pos >= {start + T}.")
+
 # %% ../nbs/03_deep.ipynb #c49bfb89
 class TinyLM(nn.Module):
     "Token (+ position) embedding, Pre-LN blocks, final LN and an LM head."
-    def __init__(self, cfg: LMConfig = LMConfig()):
+    def __init__(self, cfg: LMConfig = LMConfig()):  # sizes, vocab, positions
         super().__init__()
         if cfg.d_in is not None or cfg.d_out is not None:
             raise ValueError("TinyLM embeds tokens and reads out logits "
@@ -131,21 +143,20 @@ class TinyLM(nn.Module):
         self.to(resolve_dtype(cfg.dtype))
     blocks = property(lambda self: self.stack.blocks)   # the Pre-LN blocks
 
-    def embed(self, tokens: torch.Tensor, start: int = 0) -> torch.Tensor:
+    def embed(self, tokens: torch.Tensor,  # token ids (B, T)
+              start: int = 0,         # position of the first token
+             ) -> torch.Tensor:
         "Token ids (B, T) at positions start.. -> residual stream (B, T, d)."
         _check_tokens(tokens, self.cfg.vocab)
-        T, n_pos = tokens.shape[1], self.cfg.n_pos
         if self.pos is None: return self.tok(tokens)
-        if start < 0 or start + T > n_pos:
-            raise ValueError(
-                f"positions {start}..{start + T - 1} do not exist: the model "
-                f"has {n_pos} learned positions. Shorten the context or the "
-                f"query, or build the model with n_pos >= {start + T}.")
+        T = tokens.shape[1]; _check_positions(start, T, self.cfg.n_pos)
         pos = torch.arange(start, start + T, device=tokens.device)
         return self.tok(tokens) + self.pos(pos)               # (B, T, d)
 
-    def forward(self, tokens, start: Optional[int] = None, updates=None,
-                return_hidden: bool = False):
+    def forward(self, tokens,                # token ids (B, T)
+                start: Optional[int] = None, # first position (None: see doc)
+                updates=None,                # per block: dict of MLP updates
+                return_hidden: bool = False):  # also the stream per block
         "Logits (B, T, vocab) at positions start.. (default 0, or the patch's)."
         check_not_held(self, 'this TinyLM')
         held = getattr(held_by(self), 'tag', None)   # DeepPatch.inplace's
@@ -234,8 +245,8 @@ _KEYS = itertools.count(1)
 
 
 # %% ../nbs/03_deep.ipynb #3e80ed90
-def _check_fit(patch, model, x=None) -> nn.ModuleList:
-    "The model's blocks, if `patch` fits the model and the query x."
+def _check_fit(patch, model, x=None, one=False) -> nn.ModuleList:
+    "The model's blocks, if `patch` fits the model, the query x (and one position)."
     blocks = _model_blocks(model)
     if len(blocks) != len(patch):
         raise ValueError(f"the patch has {len(patch)} layers, the model "
@@ -245,6 +256,11 @@ def _check_fit(patch, model, x=None) -> nn.ModuleList:
             f"this patch was computed for another {type(model).__name__} (of "
             "the same shape, perhaps); a patch holds for the model it was "
             "made for only: compute context_patches(model, C, x)")
+    if one and math.prod(patch.shape) != 1:
+        raise ValueError(
+            f"in-place patching writes one matrix per layer, so it needs "
+            f"the patch of one query token of one sequence; this one has "
+            f"(B, q) = {patch.shape}. Use patch.apply(model, x) instead.")
     if x is None: return blocks
     if tuple(x.shape[:2]) != patch.shape:
         raise ValueError(f"the patch was computed for (B, q) = "
@@ -281,26 +297,28 @@ class DeepPatch:
         "The `updates` argument of the model's forward."
         return [p.kwargs() for p in self.layers]
 
-    def apply(self, model, x, return_hidden: bool = False):
+    def apply(self, model,                  # the model it was computed for
+              x,                            # its query (B, q, .)
+              return_hidden: bool = False): # also the stream per block
         "Run `model` on the query x alone with the patch (no weight changes)."
         _check_fit(self, model, x)
         return _forward(model, x, self.start, self.updates(), return_hidden)
 
-    def inplace(self, model) -> InPlace:
+    def inplace(self, model,  # the model it was computed for
+               ) -> InPlace:
         "A `with` block writing the patch into `model`'s weights, restored bit for bit."
-        blocks = _check_fit(self, model)
-        if math.prod(self.shape) != 1:
-            raise ValueError(
-                f"in-place patching writes one matrix per layer, so it needs "
-                f"the patch of one query token of one sequence; this one has "
-                f"(B, q) = {self.shape}. Use patch.apply(model, x) instead.")
+        blocks = _check_fit(self, model, one=True)
         return InPlace(_inplace_edits(blocks, self.layers), model, self.start)
 
 
 # %% ../nbs/03_deep.ipynb #1b5b28e8
-def context_patches(model, C: torch.Tensor, x: torch.Tensor,
-                    mode: str = 'bias', min_norm=None,
-                    closed_loop: bool = True) -> DeepPatch:
+def context_patches(model,                    # a PreLNStack or TinyLM
+                    C: torch.Tensor,          # context (B, n, d) or ids (B, n)
+                    x: torch.Tensor,          # query (B, q, d) or ids (B, q)
+                    mode: str = 'bias',       # one of PATCH_MODES
+                    min_norm=None,            # see patch.token_patch_factors
+                    closed_loop: bool = True, # False: patch from pass 1 only
+                   ) -> DeepPatch:
     "Per-layer patches: x alone through the patched model equals [C, x]."
     blocks = _model_blocks(model)
     X, n = _prompt(model, C, x)
@@ -321,8 +339,12 @@ def context_patches(model, C: torch.Tensor, x: torch.Tensor,
                      model=_model_key(model))
 
 # %% ../nbs/03_deep.ipynb #60be80e0
-def patch_errors(model, C: torch.Tensor, x: torch.Tensor, mode: str = 'bias',
-                 closed_loop: bool = True) -> dict:
+def patch_errors(model,                    # a PreLNStack or TinyLM
+                 C: torch.Tensor,          # context (B, n, d) or ids (B, n)
+                 x: torch.Tensor,          # query (B, q, d) or ids (B, q)
+                 mode: str = 'bias',       # one of PATCH_MODES
+                 closed_loop: bool = True, # see context_patches
+                ) -> dict:
     "Relative errors of the patched query-only run, per layer and at the end."
     n = C.shape[1]
     with torch.no_grad():
@@ -339,8 +361,10 @@ def _check_lm(model) -> None:
         raise TypeError("generation needs a token model with an LM head "
                         f"(icl_book.deep.TinyLM), got {type(model).__name__}")
 
-def greedy(model: TinyLM, prompt: torch.Tensor, k: int,
-           return_logits: bool = False):
+def greedy(model: TinyLM,              # a token model
+           prompt: torch.Tensor,       # token ids (B, T)
+           k: int,                     # tokens to generate
+           return_logits: bool = False):  # also the logits (B, k, vocab)
     "k greedy tokens (B, k) after prompt (B, T), the ordinary way."
     _check_lm(model); check_int('k', k, 0); toks, logits = prompt, []
     with torch.no_grad():
@@ -350,8 +374,12 @@ def greedy(model: TinyLM, prompt: torch.Tensor, k: int,
     out = toks[:, prompt.shape[1]:]
     return (out, torch.stack(logits, 1)) if return_logits else out
 
-def greedy_patched(model: TinyLM, C: torch.Tensor, x: torch.Tensor, k: int,
-                   mode: str = 'bias', return_logits: bool = False):
+def greedy_patched(model: TinyLM,          # a token model
+                   C: torch.Tensor,        # context ids (B, n), never run
+                   x: torch.Tensor,        # query ids (B, q)
+                   k: int,                 # tokens to generate
+                   mode: str = 'bias',     # one of PATCH_MODES
+                   return_logits: bool = False):  # also the logits
     "k greedy tokens after x with C removed, re-patching at every step."
     _check_lm(model); check_int('k', k, 0); q, logits = x, []
     with torch.no_grad():
@@ -372,11 +400,8 @@ def _verify_bytes(s, L, T, q, B, d, H) -> float:
     kept = B * T * (d * (L + 8) + 2 * H) + B * q * L * (4 * d + H)
     return s * (weights + kept) + 8 * 2 ** 22 * 2
 
-# %% ../nbs/03_deep.ipynb #f0058957
-def verify(layers: int = 10, context: int = 256, query: int = 1,
-           dtype='float32', layer_kind: str = 'softmax', seed: int = 0,
-           **more) -> dict:
-    "Patch a random Pre-LN stack end to end; settings and errors as a dict."
+def _verify_settings(layers, context, query, dtype, seed, more) -> tuple:
+    "Check the settings of `verify`; return the options, dtype and its name."
     unknown = sorted(set(more) - set(VERIFY_DEFAULTS))
     if unknown:
         raise TypeError(f"unknown settings {unknown}; verify also takes "
@@ -392,6 +417,19 @@ def verify(layers: int = 10, context: int = 256, query: int = 1,
     check_memory('verify with these sizes', _verify_bytes(
         dt.itemsize, layers, context + query, query, opts['batch'],
         opts['d_model'], opts['d_mlp']))
+    return opts, dt, name
+
+# %% ../nbs/03_deep.ipynb #f0058957
+def verify(layers: int = 10,            # Pre-LN blocks L
+           context: int = 256,          # context tokens n
+           query: int = 1,              # query tokens q
+           dtype='float32',             # 'float32' or 'float64'
+           layer_kind: str = 'softmax', # contextual layer, one of LAYER_KINDS
+           seed: int = 0,               # seeds the weights (seed + 1: inputs)
+           **more,                      # any of VERIFY_DEFAULTS
+          ) -> dict:
+    "Patch a random Pre-LN stack end to end; settings and errors as a dict."
+    opts, dt, name = _verify_settings(layers, context, query, dtype, seed, more)
     t0 = time.perf_counter()
     model = PreLNStack(StackConfig(
         depth=layers, d_model=opts['d_model'], heads=opts['heads'],
@@ -410,55 +448,3 @@ def verify(layers: int = 10, context: int = 256, query: int = 1,
                 tolerance=TOLERANCE[name], ok=worst <= TOLERANCE[name],
                 patch_numbers_per_position=err['numel'],
                 seconds=round(time.perf_counter() - t0, 3))
-
-# %% ../nbs/03_deep.ipynb #0d3febb5
-def error_sweep(depth: int = 12, depth_context: int = 256,
-                contexts=tuple(2 ** k for k in range(10)),
-                context_depth: int = 10, dtypes=('float32', 'float64'),
-                seeds=(0, 1, 2), batch: int = 2, **more) -> list:
-    "Rows (dicts) of max relative error vs depth and vs context length."
-    rows = []
-    for dtype in dtypes:
-        for seed in seeds:
-            for closed in (True, False):
-                r = verify(depth, depth_context, dtype=dtype, seed=seed,
-                           batch=batch, closed_loop=closed, **more)
-                for L in range(1, depth + 1):
-                    rows.append(dict(sweep='depth', x=L, dtype=dtype,
-                                     seed=seed, closed_loop=closed,
-                                     rel_err=max(r['per_layer_rel_err'][:L])))
-            for n in contexts:
-                r = verify(context_depth, n, dtype=dtype, seed=seed,
-                           batch=batch, **more)
-                rows.append(dict(sweep='context', x=n, dtype=dtype, seed=seed,
-                                 closed_loop=True, rel_err=r['max_rel_err']))
-    return rows
-
-# %% ../nbs/03_deep.ipynb #91cb7e40
-def plot_equivalence(rows) -> 'matplotlib.figure.Figure':
-    "Figure: equivalence error vs depth and vs context length, per dtype."
-    import matplotlib.pyplot as plt, pandas as pd, seaborn as sns
-    from icl_book.core import set_style
-    set_style(); df = pd.DataFrame(rows)
-    fig, axes = plt.subplots(1, 2, figsize=(9, 3.8), sharey=True)
-    colors = dict(zip(('float32', 'float64'), sns.color_palette()))
-    for ax, sweep in zip(axes, ('depth', 'context')):
-        for (dtype, closed), d in df[df.sweep == sweep].groupby(
-                ['dtype', 'closed_loop']):
-            s = d.groupby('x').rel_err
-            label = f"{dtype}" + ('' if closed else ', open loop')
-            ls = '-' if closed else '--'
-            ax.plot(s.median().index, s.median(), ls, marker='o', ms=3,
-                    color=colors.get(dtype), label=label)
-            ax.fill_between(s.min().index, s.min(), s.max(), alpha=0.2,
-                            color=colors.get(dtype))
-        for dtype, tol in TOLERANCE.items():
-            ax.axhline(tol, ls=':', c=colors.get(dtype), lw=1)
-        ax.set(yscale='log', xlabel='depth $L$ (context 256)' if sweep ==
-               'depth' else 'context length $N$ (depth 10)')
-    axes[1].set_xscale('log', base=2)
-    axes[1].set_xticks([1, 8, 64, 512], ['1', '8', '64', '512'])
-    for ax in axes: ax.set_ylabel('max relative error over layers')
-    axes[1].yaxis.set_tick_params(labelleft=True)
-    axes[0].legend(fontsize=10); fig.tight_layout()
-    return fig

@@ -52,7 +52,8 @@ class ImplicitGD(NamedTuple):
         u = -(W @ self.delta[..., i, :, None])[..., 0]              # (..., H)
         return RankOne(u, self.ref[..., i, :])
 
-def additive_gd(A: torch.Tensor) -> ImplicitGD:
+def additive_gd(A: torch.Tensor,  # prefix outputs A_0..A_n (..., n+1, d)
+               ) -> ImplicitGD:
     "Prop. 3.1 from the prefix outputs A (..., n+1, d), A[..., i, :] = A_i."
     A = _as_trajectory(A, 'A')
     n = A.shape[-2] - 1
@@ -62,7 +63,8 @@ def additive_gd(A: torch.Tensor) -> ImplicitGD:
                       A[..., :1, :].expand_as(delta), current=False)
 
 # %% ../nbs/04_dynamics.ipynb #d679b37b
-def gd_iterates(W: torch.Tensor, gd: ImplicitGD):
+def gd_iterates(W: torch.Tensor,   # the starting weight (H, d)
+                gd: ImplicitGD):  # the steps
     "Yield W_0, W_1, ..., W_n (dense, one at a time) by running the steps."
     Wi = W.expand(*gd.h.shape[:-1], *W.shape)             # (..., H, d)
     yield Wi
@@ -71,19 +73,24 @@ def gd_iterates(W: torch.Tensor, gd: ImplicitGD):
         Wi = Wi - gd.h[..., i, None, None] * g.dense()
         yield Wi
 
-def implicit_loss(W: torch.Tensor, grad: RankOne) -> torch.Tensor:
+def implicit_loss(W: torch.Tensor,  # weights (..., H, d)
+                  grad: RankOne,   # the gradient Δ = u vᵀ
+                 ) -> torch.Tensor:
     "L(W) = tr(Δᵀ W) for Δ = u vᵀ given as factors: uᵀ W v."
     return (grad.u * (W @ grad.v[..., None])[..., 0]).sum(-1)
 
 # %% ../nbs/04_dynamics.ipynb #dc5623fc
-def absorption_gd(a: torch.Tensor) -> ImplicitGD:
+def absorption_gd(a: torch.Tensor,  # suffix outputs a_0..a_n (..., n+1, d)
+                 ) -> ImplicitGD:
     "Prop. 2.6 from the suffix outputs a (..., n+1, d), a[..., k, :] = a_k."
     a = _as_trajectory(a, 'a')
     h = _inv_sq_norm(a[..., 1:, :], 'a_k')                # h_k, (..., n)
     return ImplicitGD(h, a[..., :-1, :] - a[..., 1:, :], a[..., 1:, :],
                       current=True)
 
-def product_form(W: torch.Tensor, gd: ImplicitGD) -> torch.Tensor:
+def product_form(W: torch.Tensor,   # W_0 (H, d)
+                 gd: ImplicitGD,   # from absorption_gd
+                ) -> torch.Tensor:
     "Cor. C.3: W_0 Π_k (I + h_k δ_k r_kᵀ), k = 1..n in order; (..., H, d)."
     if not gd.current:
         raise ValueError("the product form is that of sequential absorption "
@@ -98,15 +105,20 @@ def product_form(W: torch.Tensor, gd: ImplicitGD) -> torch.Tensor:
     return W @ P
 
 # %% ../nbs/04_dynamics.ipynb #fc262f4a
-def end_points(W: torch.Tensor, A: torch.Tensor, a: torch.Tensor) -> dict:
+def end_points(W: torch.Tensor,  # W_0 (H, d)
+               A: torch.Tensor,  # prefix outputs (..., n+1, d)
+               a: torch.Tensor,  # suffix outputs (..., n+1, d)
+              ) -> dict:
     "The two forms' updates P_add, P_prod (..., H, d); N = P_prod - P_add."
     P_add = token_patch_factors(W, A[..., -1, :], A[..., 0, :]).dense()
     P_prod = product_form(W, absorption_gd(a)) - W
     return dict(P_add=P_add, P_prod=P_prod, N=P_prod - P_add)
 
 # %% ../nbs/04_dynamics.ipynb #2d3b8d56
-def gd_linear_attention(w0: torch.Tensor, eta: float,
-                        n: int) -> LinearAttention:
+def gd_linear_attention(w0: torch.Tensor,  # initial regression weights (d,)
+                        eta: float,        # GD step size
+                        n: int,            # examples the step averages over
+                       ) -> LinearAttention:
     "Linear attention whose context vector is one GD step on n examples."
     if w0.dim() != 1:
         raise ValueError(f"w0 must be a vector (d,), got {tuple(w0.shape)}")
@@ -124,7 +136,9 @@ def gd_linear_attention(w0: torch.Tensor, eta: float,
             lin.weight.copy_(M)
     return layer
 
-def regression_tokens(X: torch.Tensor, y: torch.Tensor, x_q: torch.Tensor):
+def regression_tokens(X: torch.Tensor,    # inputs (B, n, d)
+                      y: torch.Tensor,    # targets (B, n)
+                      x_q: torch.Tensor): # query inputs (B, d)
     "Context (B, n, d+1) of tokens (x_j, y_j) and query (B, d+1) = (x_q, 0)."
     X, y = check_real_tensor('X', X, 3), check_real_tensor('y', y, 2)
     x_q = check_real_tensor('x_q', x_q, 2)

@@ -12,11 +12,11 @@ from .blocks import ATTENTION_KINDS, ContextualBlock, RankOne, make_block
 
 # %% auto #0
 __all__ = ['token_patch_factors', 'token_patch', 'chunk_mask', 'remove_chunk', 'check_block', 'chunk_patch', 'patched_weights',
-           'chunk_kinds', 'check_token_patch', 'plot_patch_errors']
+           'chunk_kinds', 'check_token_patch']
 
 # %% ../nbs/02_patch.ipynb #89210583
-def _check_patch_inputs(W, a_full, a_ref, min_norm=None):
-    "Validate the tensors of the token-patch; return ||a_ref|| (...,)."
+def _check_patch_shapes(W, a_full, a_ref, min_norm=None) -> None:
+    "Validate the dtypes, shapes and values of the token-patch's inputs."
     check_same(W=W, a_full=a_full, a_ref=a_ref)
     if W.dim() != 2:
         raise ValueError(f"W must be a matrix (H, d), got shape {tuple(W.shape)}")
@@ -32,6 +32,11 @@ def _check_patch_inputs(W, a_full, a_ref, min_norm=None):
             and min_norm >= 0)):
         raise ValueError(f"min_norm must be a finite number >= 0 (or None for "
                          f"the dtype's own threshold), got {min_norm!r}")
+
+# %% ../nbs/02_patch.ipynb #21102e0b
+def _check_patch_inputs(W, a_full, a_ref, min_norm=None):
+    "Validate the tensors of the token-patch; return ||a_ref|| (...,)."
+    _check_patch_shapes(W, a_full, a_ref, min_norm)
     fi = torch.finfo(a_ref.dtype); n = a_ref.norm(dim=-1)
     if not bool(torch.isfinite(n * n).all()):
         raise ValueError(
@@ -58,20 +63,29 @@ def _check_patch_inputs(W, a_full, a_ref, min_norm=None):
     return n
 
 # %% ../nbs/02_patch.ipynb #380ed2b3
-def token_patch_factors(W: torch.Tensor, a_full: torch.Tensor,
-                        a_ref: torch.Tensor, min_norm=None) -> RankOne:
+def token_patch_factors(W: torch.Tensor,       # first MLP weight (H, d)
+                        a_full: torch.Tensor,  # A(C, x), (..., d)
+                        a_ref: torch.Tensor,   # A(C\Y, x), (..., d), nonzero
+                        min_norm=None,         # smallest ||a_ref|| (None: the dtype's)
+                       ) -> RankOne:
     "Factors of ΔW = (W(a_full - a_ref)) a_refᵀ/||a_ref||²: u (..., H), v (..., d)."
     n = _check_patch_inputs(W, a_full, a_ref, min_norm)
     u = (a_full - a_ref) @ W.T                            # W ΔA, (..., H)
     return RankOne(u, a_ref / n[..., None] ** 2)          # a / ||a||², (..., d)
 
-def token_patch(W: torch.Tensor, a_full: torch.Tensor, a_ref: torch.Tensor,
-                min_norm=None) -> torch.Tensor:
+def token_patch(W: torch.Tensor,       # first MLP weight (H, d)
+                a_full: torch.Tensor,  # A(C, x), (..., d)
+                a_ref: torch.Tensor,   # A(C\Y, x), (..., d), nonzero
+                min_norm=None,         # smallest ||a_ref|| (None: the dtype's)
+               ) -> torch.Tensor:
     "The minimal token-patch ΔW (..., H, d); W (H, d), a_full = A(C,x), a_ref = A(C\\Y,x)."
     return token_patch_factors(W, a_full, a_ref, min_norm).dense()
 
 # %% ../nbs/02_patch.ipynb #410ec508
-def chunk_mask(Y, n: int, device=None) -> torch.Tensor:
+def chunk_mask(Y,            # positions of C (list, range, set, tensor) or a mask
+               n: int,       # context length
+               device=None,  # device of the mask
+              ) -> torch.Tensor:
     "Boolean mask (n,) of the chunk Y (indices into C, or a boolean mask)."
     if Y is None:
         raise ValueError("the chunk Y is None: give positions of C (a list, "
@@ -106,7 +120,9 @@ def chunk_mask(Y, n: int, device=None) -> torch.Tensor:
     return m
 
 # %% ../nbs/02_patch.ipynb #410ec509
-def remove_chunk(C: torch.Tensor, Y) -> torch.Tensor:
+def remove_chunk(C: torch.Tensor,  # context (B, n, d)
+                 Y,                # the chunk: positions of C or a mask (n,)
+                ) -> torch.Tensor:
     "C \\ Y: the context (B, n, d) without the chunk's positions."
     if not isinstance(C, torch.Tensor) or C.dim() != 3:
         raise ValueError(f"C must be a context (B, n, d), got shape "
@@ -115,15 +131,21 @@ def remove_chunk(C: torch.Tensor, Y) -> torch.Tensor:
     return C[:, ~chunk_mask(Y, C.shape[1], C.device)]
 
 # %% ../nbs/02_patch.ipynb #f7d88b9d
-def check_block(block, fn: str) -> None:
+def check_block(block,    # what the caller passed
+                fn: str,  # the caller's name, for the message
+               ) -> None:
     "Refuse anything but a ContextualBlock, pointing stacks to deep."
     if not isinstance(block, ContextualBlock):
         raise TypeError(f"{fn} takes a ContextualBlock, got "
                         f"{type(block).__name__}; for a PreLNStack or TinyLM "
                         "use icl_book.deep.context_patches")
 
-def chunk_patch(block: ContextualBlock, C: torch.Tensor, x: torch.Tensor,
-                Y=None, min_norm=None) -> RankOne:
+def chunk_patch(block: ContextualBlock,  # T_W
+                C: torch.Tensor,         # context (B, n, d)
+                x: torch.Tensor,         # query (B, q, d) or (B, d)
+                Y=None,                  # chunk to remove (None: all of C)
+                min_norm=None,           # see token_patch_factors
+               ) -> RankOne:
     "Factors of ΔW(Y) for `block`, context C (B, n, d), query x; Y=None means Y = C."
     check_block(block, 'chunk_patch')
     n = C.shape[1] if isinstance(C, torch.Tensor) and C.dim() == 3 else None
@@ -156,15 +178,22 @@ class patched_weights(InPlace):
         self.weight, self.dense = weight, dense
 
 # %% ../nbs/02_patch.ipynb #9d4c0538
-def chunk_kinds(n: int, g: torch.Generator) -> dict:
+def chunk_kinds(n: int,              # context length
+                g: torch.Generator,  # draws the scattered positions
+               ) -> dict:
     "The chunks we test: whole context, a prefix, a suffix, scattered positions."
     k = max(1, n // 3)
     return {'whole': list(range(n)), 'prefix': list(range(k)),
             'suffix': list(range(n - k, n)),
             'scattered': sorted(torch.randperm(n, generator=g)[:k].tolist())}
 
-def check_token_patch(kind: str, causal: bool = True, dtype='float64',
-                      n: int = 24, batch: int = 16, seed: int = 0) -> dict:
+def check_token_patch(kind: str,            # one of LAYER_KINDS
+                      causal: bool = True,  # False: bidirectional attention
+                      dtype='float64',      # 'float32' or 'float64'
+                      n: int = 24,          # context length
+                      batch: int = 16,      # contexts (each with a 2-token query)
+                      seed: int = 0,        # seeds block and inputs
+                     ) -> dict:
     "Relative error of T_{W+ΔW(Y)}(C\\Y, x) vs T_W(C, x) for each chunk kind."
     blk = make_block(kind, d=8, d_hidden=32, causal=causal, dtype=dtype, seed=seed)
     g = seed_everything(seed + 1); dt = blk.W.dtype
@@ -177,16 +206,3 @@ def check_token_patch(kind: str, causal: bool = True, dtype='float64',
             dW = chunk_patch(blk, C, x, Y)
             errs[name] = rel_err(blk(remove_chunk(C, Y), x, dW=dW), target)
     return errs
-
-# %% ../nbs/02_patch.ipynb #60ce3bf2
-def plot_patch_errors(errors):
-    "Figure: equivalence error per layer kind and precision (log scale)."
-    import matplotlib.pyplot as plt, seaborn as sns
-    from icl_book.core import set_style
-    set_style(); fig, ax = plt.subplots(figsize=(7, 3.6))
-    sns.stripplot(data=errors, y='layer', x='rel_err', hue='dtype', ax=ax,
-                  log_scale=True, jitter=0.15, size=6)
-    for eps, dt in ((2.2e-16, 'float64'), (1.2e-7, 'float32')):
-        ax.axvline(eps, ls=':', c='grey'); ax.text(eps, -0.6, f' eps {dt}', fontsize=10)
-    ax.set(xlabel='relative error of the patched block', ylabel='contextual layer')
-    fig.tight_layout(); return fig

@@ -4,23 +4,21 @@
 
 # %% ../nbs/04a_trajectories.ipynb #7e15d8c3
 from __future__ import annotations
-import math, statistics, time
-from dataclasses import replace
+import math
 from typing import Optional
 import torch
 from .core import (check_float, check_int, check_memory, check_real_tensor,
                            check_same, rel_err)
 from .blocks import (
     Attention, ContextualBlock, ContextualLayer,
-    PreLNStack, RankOne, RecurrentLayer, StackConfig, as_seq)
+    PreLNStack, RankOne, RecurrentLayer, StackConfig, as_seq, check_weights)
 from .patch import check_block, token_patch_factors
 from .deep import BlockPatch, block_patch_factors
 
 # %% auto #0
 __all__ = ['prefix_streams', 'prefix_outputs', 'block_trajectory', 'block_trajectory_naive', 'stack_trajectory',
            'stack_trajectory_naive', 'patch_rel_diff', 'trajectory_rel_diff', 'trajectory_summaries', 'TrajectoryStats',
-           'trajectory_stats', 'late_over_early', 'tail_slope', 'topic_switch_context', 'plot_trajectory_dynamics',
-           'bench_trajectory']
+           'trajectory_stats', 'late_over_early', 'tail_slope']
 
 # %% ../nbs/04a_trajectories.ipynb #36ae6c58
 def _recurrent_streams(layer: RecurrentLayer, Zc, Zs,
@@ -39,20 +37,15 @@ def _recurrent_streams(layer: RecurrentLayer, Zc, Zs,
         state = flat([Zc.new_zeros(1, B, k)] + list(H[:, None]))
     return r(Zs.reshape(B * S, 1, -1), state)[0].view(B, S, k)
 
-def _check_weights(module, Z: torch.Tensor) -> None:
-    "Raise ValueError unless the module's weights have Z's dtype and device."
-    w = next(module.parameters(), None)
-    if w is not None and (w.dtype, w.device) != (Z.dtype, Z.device):
-        raise ValueError(f"the model's weights are {w.dtype} on {w.device} "
-                         f"but the inputs are {Z.dtype} on {Z.device}; "
-                         "convert one with .to(...)")
-
 # %% ../nbs/04a_trajectories.ipynb #175b77c0
-def prefix_streams(layer: ContextualLayer, Zc: torch.Tensor, Zs: torch.Tensor,
-                   first: int = 0) -> torch.Tensor:
+def prefix_streams(layer: ContextualLayer,  # attention or recurrent layer
+                   Zc: torch.Tensor,        # context inputs (B, n, d)
+                   Zs: torch.Tensor,        # stream inputs (B, n+1-first, d)
+                   first: int = 0,          # prefix length of stream 0 (0, 1)
+                  ) -> torch.Tensor:
     "Stream s reads c_1..c_{first+s}, then its token; Zs (B, n+1-first, d)."
     Zc, Zs = as_seq(Zc, 'Zc'), as_seq(Zs, 'Zs')
-    check_same(Zc=Zc, Zs=Zs); _check_weights(layer, Zc)
+    check_same(Zc=Zc, Zs=Zs); check_weights(layer, Zc, 'the model')
     B, n, d = Zc.shape; want = (B, n + 1 - first, d)
     if first not in (0, 1) or Zs.shape != want:
         raise ValueError(f"need one stream per prefix length {first}..{n} "
@@ -67,8 +60,10 @@ def prefix_streams(layer: ContextualLayer, Zc: torch.Tensor, Zs: torch.Tensor,
                     "recurrent layer from icl_book.blocks (use a loop over "
                     "prefixes instead)")
 
-def prefix_outputs(layer: ContextualLayer, C: torch.Tensor,
-                   x: torch.Tensor) -> torch.Tensor:
+def prefix_outputs(layer: ContextualLayer,  # attention or recurrent layer
+                   C: torch.Tensor,         # context (B, n, d)
+                   x: torch.Tensor,         # query (B, d)
+                  ) -> torch.Tensor:
     "A(c_1..c_i, x), i = 0..n, in one pass; C (B, n, d), x (B, d)."
     C = as_seq(C, 'C')
     if (not isinstance(x, torch.Tensor) or x.dim() != 2
@@ -78,9 +73,12 @@ def prefix_outputs(layer: ContextualLayer, C: torch.Tensor,
     return prefix_streams(layer, C, x[:, None].expand(-1, C.shape[1] + 1, -1))
 
 # %% ../nbs/04a_trajectories.ipynb #e3edee46
-def block_trajectory(block: ContextualBlock, C: torch.Tensor,
-                     x: torch.Tensor, min_norm=None,
-                     grad: bool = False) -> RankOne:
+def block_trajectory(block: ContextualBlock,  # T_W
+                     C: torch.Tensor,         # context (B, n, d)
+                     x: torch.Tensor,         # query (B, d)
+                     min_norm=None,           # see patch.token_patch_factors
+                     grad: bool = False,      # keep the autograd graph
+                    ) -> RankOne:
     "ΔW_i for i = 1..n in one pass: u (B, n, H), v (B, n, d); grad: keep graph."
     check_block(block, 'block_trajectory')
     with torch.set_grad_enabled(grad):
@@ -88,8 +86,11 @@ def block_trajectory(block: ContextualBlock, C: torch.Tensor,
         A0 = A[:, :1].expand_as(A[:, 1:])                 # reference A(x)
         return token_patch_factors(block.W, A[:, 1:], A0, min_norm)
 
-def block_trajectory_naive(block: ContextualBlock, C: torch.Tensor,
-                           x: torch.Tensor, min_norm=None) -> RankOne:
+def block_trajectory_naive(block: ContextualBlock,  # T_W
+                           C: torch.Tensor,         # context (B, n, d)
+                           x: torch.Tensor,         # query (B, d)
+                           min_norm=None,           # see token_patch_factors
+                          ) -> RankOne:
     "The same, with one forward pass of the block per prefix."
     check_block(block, 'block_trajectory_naive')
     n = C.shape[1]
@@ -121,12 +122,16 @@ def _check_stack(stack, C, x) -> None:
         raise ValueError(f"x must be one query per context, {want}, "
                          f"got {getattr(x, 'shape', x)}")
     if C.shape[1] < 1: raise ValueError("the context is empty: no trajectory")
-    check_same(C=C, x=x); _check_weights(stack, C)
+    check_same(C=C, x=x); check_weights(stack, C, 'the model')
 
 # %% ../nbs/04a_trajectories.ipynb #ab6b0b11
-def stack_trajectory(stack: PreLNStack, C: torch.Tensor, x: torch.Tensor,
-                     mode: str = 'bias', on_layer=None, min_norm=None,
-                     grad: bool = False):
+def stack_trajectory(stack: PreLNStack,  # a causal Pre-LN stack
+                     C: torch.Tensor,     # context (B, n, d_in)
+                     x: torch.Tensor,     # query (B, d_in)
+                     mode: str = 'bias',  # one of deep.PATCH_MODES
+                     on_layer=None,       # f(l, BlockPatch) per layer; then None
+                     min_norm=None,       # see patch.token_patch_factors
+                     grad: bool = False): # keep the autograd graph
     "Each block's patch for each prefix i = 1..n in one pass (B, n, .)."
     _check_stack(stack, C, x)
     with torch.set_grad_enabled(grad):
@@ -151,8 +156,12 @@ def _stack_pass(stack, C, x, mode, on_layer, min_norm):
     return None if on_layer is not None else out
 
 # %% ../nbs/04a_trajectories.ipynb #eba6d374
-def stack_trajectory_naive(stack: PreLNStack, C: torch.Tensor, x: torch.Tensor,
-                           mode: str = 'bias', prefixes=None, min_norm=None):
+def stack_trajectory_naive(stack: PreLNStack,  # a Pre-LN stack
+                           C: torch.Tensor,     # context (B, n, d_in)
+                           x: torch.Tensor,     # query (B, d_in)
+                           mode: str = 'bias',  # one of deep.PATCH_MODES
+                           prefixes=None,       # prefix lengths (None: 1..n)
+                           min_norm=None):      # see token_patch_factors
     "The same by one forward pass per prefix length in `prefixes` (1..n)."
     n = C.shape[1]
     prefixes = list(range(1, n + 1) if prefixes is None else prefixes)
@@ -177,13 +186,18 @@ def stack_trajectory_naive(stack: PreLNStack, C: torch.Tensor, x: torch.Tensor,
             for l in range(len(stack.blocks))]
 
 # %% ../nbs/04a_trajectories.ipynb #d616472e
-def patch_rel_diff(P: RankOne, Q: RankOne) -> torch.Tensor:
+def patch_rel_diff(P: RankOne,  # u vᵀ, factors (..., H), (..., d)
+                   Q: RankOne,  # the reference u' v'ᵀ, same shapes
+                  ) -> torch.Tensor:
     "||u vᵀ - u' v'ᵀ||_F / ||u' v'ᵀ||_F per index (0 if both are 0, inf if only Q)."
     num, den = P.diff_norm(Q), Q.norm()
     zero = torch.where(num == 0, 0., math.inf).to(num.dtype)
     return torch.where(den > 0, num / den.where(den > 0, 1.), zero)
 
-def trajectory_rel_diff(fast: list, slow: list, prefixes=None) -> float:
+def trajectory_rel_diff(fast: list,     # per layer: BlockPatch of every prefix
+                        slow: list,     # the same at `prefixes` only
+                        prefixes=None,  # prefix lengths of `slow` (None: all)
+                       ) -> float:
     "Largest relative gap of all-prefix `fast` and `slow` at `prefixes`."
     at = slice(None) if prefixes is None else [i - 1 for i in prefixes]
     worst = 0.
@@ -202,7 +216,8 @@ def _frob(P, Q) -> torch.Tensor:
     "<P, Q>_F of sums of rank-1 terms, given as lists of RankOne, per index."
     return sum(p.inner(q) for p in P for q in Q)
 
-def trajectory_summaries(dW: RankOne, db: Optional[torch.Tensor] = None):
+def trajectory_summaries(dW: RankOne,  # ΔW_i: u (B, n, H), v (B, n, d)
+                         db: Optional[torch.Tensor] = None):  # Δb_i (B, n, d)
     "Norms, steps, alignments of ΔW_i = u_i v_iᵀ; u (B, n, H), v (B, n, d)."
     u, v = dW.u.double(), dW.v.double()
     at = lambda s: RankOne(u[:, s], v[:, s])
@@ -229,7 +244,10 @@ class TrajectoryStats:
     "Running means and spreads over tasks of `trajectory_summaries`, per layer."
     def __init__(self): self._acc = {}  # [mean, sum sq. deviations, count]
 
-    def update(self, layer: int, dW: RankOne, db=None) -> None:
+    def update(self, layer: int,  # the layer these trajectories belong to
+               dW: RankOne,       # ΔW_i: u (B, n, H), v (B, n, d)
+               db=None,           # Δb_i (B, n, d), or None
+              ) -> None:
         "Add one chunk of tasks' trajectories of one layer (merged, not summed)."
         for k, val in trajectory_summaries(dW, db).items():
             nb, mb = val.shape[0], val.mean(0)
@@ -253,8 +271,12 @@ class TrajectoryStats:
         return torch.stack([(q / c).sqrt() for _, (_, q, c) in rows])
 
 # %% ../nbs/04a_trajectories.ipynb #3ea57367
-def trajectory_stats(model, C: torch.Tensor, x: torch.Tensor, chunk: int = 16,
-                     mode: str = 'bias') -> TrajectoryStats:
+def trajectory_stats(model,              # a ContextualBlock or PreLNStack
+                     C: torch.Tensor,    # contexts (B, n, d), one per task
+                     x: torch.Tensor,    # queries (B, d)
+                     chunk: int = 16,    # tasks per pass
+                     mode: str = 'bias', # one of deep.PATCH_MODES (stacks)
+                    ) -> TrajectoryStats:
     "Trajectory statistics of a ContextualBlock or PreLNStack, by chunks."
     chunk = check_int('chunk (tasks per pass)', chunk); stats = TrajectoryStats()
     if C.shape[0] == 0:
@@ -271,7 +293,9 @@ def trajectory_stats(model, C: torch.Tensor, x: torch.Tensor, chunk: int = 16,
     return stats
 
 # %% ../nbs/04a_trajectories.ipynb #3537e433
-def late_over_early(inc: torch.Tensor, frac: float = 0.1) -> float:
+def late_over_early(inc: torch.Tensor,  # increments (..., n)
+                    frac: float = 0.1,  # share of positions at each end
+                   ) -> float:
     "Mean increment over the last `frac` of positions / over the first `frac`."
     if inc.numel() == 0 or inc.shape[-1] == 0:
         raise ValueError(f"the increments are empty (shape {tuple(inc.shape)}):"
@@ -284,7 +308,9 @@ def late_over_early(inc: torch.Tensor, frac: float = 0.1) -> float:
     k = max(1, round(frac * inc.shape[-1]))
     return (inc[..., -k:].mean() / inc[..., :k].mean()).item()
 
-def tail_slope(inc: torch.Tensor, start: float = 0.5) -> float:
+def tail_slope(inc: torch.Tensor,   # increments (runs, n)
+               start: float = 0.5,  # fit from this share of the positions on
+              ) -> float:
     "Log-log slope of the median increment against i+1 over the last positions."
     check_real_tensor('inc', inc, 2)              # (runs, n) increments
     start = check_float('start', start, 0, 1)
@@ -300,114 +326,3 @@ def tail_slope(inc: torch.Tensor, start: float = 0.5) -> float:
     y = med[s:].log()
     x, y = x - x.mean(), y - y.mean()
     return ((x * y).sum() / (x * x).sum()).item()
-
-# %% ../nbs/04a_trajectories.ipynb #c1a14bea
-def topic_switch_context(B: int, n: int, d: int, g: torch.Generator,
-                         switch: Optional[int] = None, spread: float = 0.5,
-                         scale: float = 1.5) -> torch.Tensor:
-    "Context (B, n, d) around one random centre, then another from `switch`."
-    switch = n // 2 if switch is None else switch
-    mu = torch.randn(2, B, 1, d, generator=g) * scale     # topic centres
-    topic = (torch.arange(n) >= switch)[None, :, None]    # (1, n, 1)
-    noise = spread * torch.randn(B, n, d, generator=g)
-    return torch.where(topic, mu[1], mu[0]) + noise
-
-# %% ../nbs/04a_trajectories.ipynb #54ebaaf3
-def plot_trajectory_dynamics(curves: dict):
-    "Figure: ||ΔW_i|| and ||ΔW_{i+1} - ΔW_i|| against i, a panel per context."
-    import matplotlib.pyplot as plt
-    from icl_book.core import set_style
-    set_style()
-    fig, axs = plt.subplots(len(curves), 1, figsize=(7, 4.6 * len(curves)),
-                            sharey=True, squeeze=False)
-    for ax, (title, models) in zip(axs[:, 0], curves.items()):
-        for c, (label, (stats, layer)) in enumerate(models.items()):
-            norm, step = stats.mean('norm')[layer], stats.mean('step')[layer]
-            i = torch.arange(1, len(norm) + 1)                   # i = 1..n
-            ax.plot(i, norm, color=f'C{c}',
-                    label=label + r': $\|\Delta W_i\|$')
-            ax.plot(i[:-1], step, color=f'C{c}', ls='--', lw=1,
-                    label=label + r': $\|\Delta W_{i+1}-\Delta W_i\|$')
-        ax.plot(i, 1. / i, 'k:', lw=1, label=r'$1/i$')
-        ax.set(xscale='log', yscale='log', xlabel='context length $i$',
-               title=title)
-    for ax in axs[:, 0]: ax.set_ylabel('Frobenius norm (mean over tasks)')
-    axs[-1, 0].legend(fontsize=10, ncol=2, loc='upper center', frameon=False,
-                      bbox_to_anchor=(0.5, -0.18)); fig.tight_layout(h_pad=2)
-    return fig
-
-# %% ../nbs/04a_trajectories.ipynb #fc8c298a
-def _median_time(f, repeats: int, budget: float = 0.0, warm=None) -> float:
-    "Median of >= `repeats` timed calls (<= 100 within `budget` s) after a warm-up."
-    (warm or f)(); times, start = [], time.perf_counter()
-    while len(times) < repeats or (len(times) < 100 and
-                                   time.perf_counter() - start < budget):
-        t = time.perf_counter(); f(); times.append(time.perf_counter() - t)
-    return statistics.median(times)
-
-def _check_timing(t_fast: float, t_fwd: float) -> None:
-    "The one pass includes a forward pass over C: it cannot cost much less."
-    if not t_fast > 0.25 * t_fwd:
-        raise RuntimeError(
-            f"implausible timing: the one pass ({t_fast:.3g} s) took less than "
-            f"a quarter of one forward pass ({t_fwd:.3g} s), which it contains;"
-            " the machine was probably busy: rerun with more repeats")
-
-# %% ../nbs/04a_trajectories.ipynb #906548c6
-def _time_sides(net: PreLNStack, C, x, repeats: int, budget: float) -> dict:
-    "Median times of a forward pass (prompt, context), one pass and loop."
-    with torch.inference_mode():
-        prompt = torch.cat([C, x[:, None]], 1)                    # (B, n+1, d)
-        for attempt in range(3):      # a busy machine can inflate one side:
-            t_prompt = _median_time(lambda: net(prompt), repeats, budget)
-            t_ctx = _median_time(lambda: net(C), repeats, budget)
-            t_fast = _median_time(lambda: stack_trajectory(net, C, x),
-                                  repeats, budget)
-            if t_fast > 0.25 * min(t_prompt, t_ctx): break  # measure again
-        t_slow = _median_time(lambda: stack_trajectory_naive(net, C, x), 1,
-                              warm=lambda: stack_trajectory_naive(
-                                  net, C, x, prefixes=[C.shape[1]]))  # once
-    return dict(t_forward_prompt=t_prompt, t_forward_context=t_ctx,
-                t_batched=t_fast, t_naive=t_slow)
-
-def _loop_agreement(net64: PreLNStack, C64, x64, check: int) -> tuple:
-    "Largest gap of one pass vs loop at <= `check` prefixes (with 1, n); count."
-    n = C64.shape[1]
-    idx = sorted({1, n} | {round(1 + k * (n - 1) / max(check - 1, 1))
-                           for k in range(min(check, n))})
-    with torch.inference_mode():
-        diff = trajectory_rel_diff(stack_trajectory(net64, C64, x64),
-                                   stack_trajectory_naive(net64, C64, x64,
-                                                          prefixes=idx), idx)
-    return diff, len(idx)
-
-# %% ../nbs/04a_trajectories.ipynb #289b4ad1
-def bench_trajectory(n: int = 1024, layers: int = 10, d_model: int = 64,
-                     seed: int = 0, heads: int = 4, d_mlp: int = 256,
-                     batch: int = 1, kind: str = 'softmax', repeats: int = 3,
-                     check: int = 32, budget: float = 1.0) -> dict:
-    "Loop vs one pass for a causal Pre-LN stack: times, speedup, agreement."
-    check_int('n', n); check_int('repeats', repeats); check_int('check', check)
-    check_int('seed', seed, 0, 2**63 - 2); L, d, H = layers, d_model, d_mlp
-    check_memory('bench trajectory with these sizes', 8 * (     # float64 side
-        L * (4 * d * d + 2 * d * H) + batch * n * (d * (L + 10) + 2 * H)
-        + L * batch * n * (H + 4 * d)) + 8 * 2 ** 22 * 2)
-    t0 = time.perf_counter()
-    cfg = StackConfig(depth=layers, d_model=d_model, heads=heads, d_mlp=d_mlp,
-                      kind=kind, seed=seed, dtype='float32')
-    g = torch.Generator().manual_seed(seed + 1)
-    C64 = torch.randn(batch, n, d_model, generator=g, dtype=torch.float64)
-    x64 = torch.randn(batch, d_model, generator=g, dtype=torch.float64)
-    t = _time_sides(PreLNStack(cfg), C64.float(), x64.float(), repeats, budget)
-    diff, checked = _loop_agreement(PreLNStack(replace(cfg, dtype='float64')),
-                                    C64, x64, check)
-    t_fwd = min(t['t_forward_prompt'], t['t_forward_context'])  # conservative
-    _check_timing(t['t_batched'], t_fwd)
-    return dict(n=n, layers=layers, d_model=d_model, heads=heads,
-                d_mlp=d_mlp, batch=batch, kind=kind, seed=seed,
-                threads=torch.get_num_threads(), timing_dtype='float32',
-                timing='median after warm-up', repeats=repeats,
-                check_dtype='float64', checked_prefixes=checked,
-                t_forward=t_fwd, **t, speedup=t['t_naive'] / t['t_batched'],
-                forward_ratio=t['t_batched'] / t_fwd,
-                max_rel_diff=diff, t_total=time.perf_counter() - t0)

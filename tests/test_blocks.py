@@ -5,7 +5,7 @@ import torch.nn.functional as F
 from hypothesis import given, settings, strategies as st
 
 from icl_book.blocks import (LAYER_KINDS, MLP, PreLNStack, RankOne, StackConfig,
-                             apply_update, make_block, make_layer)
+                             apply_update, check_weights, make_block, make_layer)
 from icl_book.core import rel_err
 
 SETTINGS = settings(max_examples=25, deadline=None)
@@ -102,3 +102,13 @@ def test_bad_inputs_are_named():
         blk(None, torch.randn(2, 5).double())
     with pytest.raises(ValueError, match="depth must be an integer >= 1"):
         PreLNStack(StackConfig(depth=0))
+
+
+def test_weights_and_inputs_must_share_dtype():
+    "The one dtype/device check, direct and through a layer's forward."
+    layer = make_layer("gru", 4).double()
+    check_weights(layer, torch.randn(1, 2, 4).double())        # agree: silent
+    with pytest.raises(ValueError, match="the stack's weights are torch.float64"):
+        check_weights(layer, torch.randn(1, 2, 4), "the stack")
+    with pytest.raises(ValueError, match="the layer's weights are torch.float64 on cpu"):
+        layer(None, torch.randn(1, 4))

@@ -20,7 +20,8 @@ from icl_book.core import rel_err
 from icl_book.dynamics import (absorption_gd, additive_gd, end_points,
                                gd_iterates, gd_linear_attention, implicit_loss,
                                product_form, regression_tokens)
-from icl_book.trajectories import (TrajectoryStats, bench_trajectory,
+from icl_book.experiments.trajectories import bench_trajectory
+from icl_book.trajectories import (TrajectoryStats,
                                    block_trajectory, block_trajectory_naive,
                                    prefix_outputs, prefix_streams,
                                    stack_trajectory, stack_trajectory_naive,
@@ -269,3 +270,15 @@ def test_bench_trajectory_reports_json_with_agreement():
               "t_forward", "n", "layers", "d_model", "checked_prefixes"):
         assert k in r
     assert r["n"] == 6 and r["layers"] == 2 and r["max_rel_diff"] < 1e-9
+
+
+def test_trajectories_refuse_weights_of_another_dtype():
+    "Block and stack trajectories name the model's dtype (blocks.check_weights)."
+    C, x = _data(0, 2, 5, 8)
+    net = PreLNStack(StackConfig(depth=2, d_model=8, heads=2, d_mlp=12,
+                                 dtype="float64"))
+    with pytest.raises(ValueError, match="the model's weights are torch.float64"):
+        stack_trajectory(net, C.float(), x.float())
+    blk = make_block("softmax", d=8)
+    with pytest.raises(ValueError, match="the model's weights are torch.float64"):
+        block_trajectory(blk, C.float(), x.float())

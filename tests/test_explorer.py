@@ -11,8 +11,8 @@ import torch
 from icl_book.blocks import LAYER_KINDS, RankOne
 from icl_book.core import rel_err
 from icl_book.trajectories import patch_rel_diff
-from icl_book.explorer import (CHUNKS, STACK_CHUNKS, chunk_positions,
-                               explore, explorer, make_setting)
+from icl_book.experiments.explorer import (CHUNKS, STACK_CHUNKS, chunk_positions,
+                                           explore, explorer, make_setting)
 
 torch.set_num_threads(1)
 
