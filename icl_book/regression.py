@@ -13,7 +13,7 @@ from .core import (check_finite, check_float, check_int, check_memory,
 
 # %% auto #0
 __all__ = ['TaskConfig', 'Prompts', 'sample_prompts', 'with_context', 'query_tokens', 'ridge', 'ols', 'baseline_predict',
-           'baseline_curves', 'plot_baselines', 'query_mask']
+           'baseline_curves', 'query_mask']
 
 # %% ../nbs/05_regression.ipynb #f56b1004
 @dataclass
@@ -137,25 +137,6 @@ def baseline_curves(cfg: TaskConfig, n_max: int = 20, batch: int = 4000,
             err = baseline_predict(p, m, cfg.noise) - p.targets   # (B, 1)
             out[m].append(err.pow(2).mean().item())
     return out
-
-# %% ../nbs/05_regression.ipynb #b5e10001
-def plot_baselines(curves: dict, cfg: TaskConfig):
-    "Figure: test error of least squares and ridge against n, with formula (1)."
-    import matplotlib.pyplot as plt
-    from icl_book.core import set_style
-    set_style(); fig, ax = plt.subplots(figsize=(6.4, 4))
-    ax.plot(curves['n'], curves['ols'], 'o-', label='least squares (OLS)')
-    ax.plot(curves['n'], curves['ridge'], 's-', label=r'ridge, $\lambda = \sigma^2$')
-    n1 = [n for n in curves['n'] if n > cfg.d + 1]
-    s2 = cfg.noise ** 2
-    ax.plot(n1, [s2 * (1 + cfg.d / (n - cfg.d - 1)) for n in n1], 'k:',
-            label='formula (1)')
-    ax.axvline(cfg.d, c='grey', lw=1); ax.axhline(s2, c='grey', ls='--', lw=1)
-    ax.text(cfg.d + 0.3, ax.get_ylim()[1] * 0.3, '$n = d$', color='grey')
-    ax.set(yscale='log', xlabel='context examples $n$',
-           ylabel='test error (mean squared)')
-    ax.xaxis.set_major_locator(plt.MaxNLocator(integer=True))
-    ax.legend(loc='upper right'); fig.tight_layout(); return fig
 
 # %% ../nbs/05_regression.ipynb #80b01205
 def query_mask(n: int, q: int) -> torch.Tensor:
