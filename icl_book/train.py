@@ -4,7 +4,7 @@
 
 # %% ../nbs/05a_train.ipynb #9d47ce8b
 from __future__ import annotations
-import argparse, json, math, time
+import argparse, json, math, platform, tempfile, time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Optional
@@ -13,13 +13,15 @@ from torch import nn
 from .core import resolve_dtype, seed_everything
 from .blocks import (ContextualBlock, MLP, PreLNStack, StackConfig,
                              make_layer)
+from .patch import chunk_patch
+from .deep import context_patches
 from .regression import (TaskConfig, Prompts, sample_prompts, query_mask,
                             baseline_predict)
 
 # %% auto #0
-__all__ = ['CHECKPOINTS', 'EVAL_SEED', 'CKPT_DIR', 'build_model', 'PlainModel', 'predict', 'TrainConfig', 'model_for',
-           'eval_prompts', 'lr_at', 'evaluate', 'train', 'save_checkpoint', 'load_model', 'load_log', 'train_all',
-           'compare_checkpoints', 'check_reproduction', 'main', 'plot_training']
+__all__ = ['CHECKPOINTS', 'EVAL_SEED', 'CKPT_DIR', 'LOGGED', 'build_model', 'PlainModel', 'predict', 'TrainConfig', 'model_for',
+           'eval_prompts', 'lr_at', 'eval_losses', 'train', 'save_checkpoint', 'load_model', 'load_log', 'train_all',
+           'compare_checkpoints', 'check_reproduction', 'check_log_prefix', 'main']
 
 # %% ../nbs/05a_train.ipynb #91f47a81
 def build_model(depth: int = 1, kind: str = 'softmax', d: int = 5,
@@ -148,13 +150,13 @@ def _context_free_predictions(model, C: torch.Tensor,
     free = model(x)[:, 0, 0]                              # the query alone
     if not C.shape[1]: return free, free
     if isinstance(model, PlainModel):                     # Eq. (8) alone
-        from icl_book.patch import chunk_patch
         blk, E, e = model.block, model.embed(C), model.embed(x)
         return free, blk.mlp(blk.A(None, e), chunk_patch(blk, E, e))[:, 0, 0]
-    from icl_book.deep import context_patches
     return free, context_patches(model, C, x).apply(model, x)[:, 0, 0]
 
-def evaluate(model, p: Prompts) -> dict:
+def eval_losses(model,         # a model of this chapter (PreLNStack or PlainModel)
+                p: Prompts     # prompts, any number of queries each
+                ) -> dict:
     "Test losses with context, patched without it, and plain without it."
     tok, n, y = p.tokens, p.n, p.targets                    # y (B, q)
     B, q = y.shape
@@ -187,7 +189,7 @@ def train(cfg: TrainConfig, steps: Optional[int] = None, verbose: bool = False):
         log, recent, t0 = dict(step=[], lr=[], train=[]), [], time.perf_counter()
         for step in range(steps + 1):
             if step % cfg.eval_every == 0 or step == steps:
-                model.eval(); ev = evaluate(model, test); model.train()
+                model.eval(); ev = eval_losses(model, test); model.train()
                 for k, v in dict(step=step, lr=lr_at(cfg, step),
                                  train=sum(recent) / len(recent) if recent else None,
                                  **ev).items():
@@ -291,7 +293,6 @@ def compare_checkpoints(a=None, b=None, names=None) -> dict:
 def check_reproduction(names=None, threads: Optional[int] = None,
                        record: bool = True) -> dict:
     "Retrain into a temporary folder, compare with the shipped files, record it."
-    import platform, tempfile
     names = list(names or CHECKPOINTS)
     with tempfile.TemporaryDirectory() as tmp:
         for k in names:
@@ -307,6 +308,28 @@ def check_reproduction(names=None, threads: Optional[int] = None,
         recs = json.loads(path.read_text()) if path.exists() else []
         path.write_text(json.dumps(recs + [rec], indent=1) + '\n')
     return rec
+
+# %% ../nbs/05a_train.ipynb #d5db98bf
+LOGGED = ('train', 'test_ctx', 'test_patched', 'test_free')   # losses of a log
+
+def check_log_prefix(name: str,                    # a shipped checkpoint
+                     steps: int = 50,              # retrain this many steps
+                     threads: Optional[int] = None # torch threads; None: its own
+                     ) -> dict:
+    "Retrain a shipped model's first `steps` steps; the largest gap from its log."
+    if name not in CHECKPOINTS:
+        raise ValueError(f"unknown checkpoint {name!r}; one of {list(CHECKPOINTS)}")
+    cfg = CHECKPOINTS[name]
+    _, log = train(cfg if threads is None else replace(cfg, threads=threads), steps)
+    ref, k = load_log(name)['log'], len(log['step'])
+    if ref['step'][:k] != log['step']:
+        raise ValueError(f"the shipped log of {name!r} has no evaluations at "
+                         f"steps {log['step']}; choose steps as a multiple of "
+                         f"eval_every={cfg.eval_every}")
+    gaps = [abs(a - b) / abs(b) if b else float(a != b) for key in LOGGED
+            for a, b in zip(log[key], ref[key][:k]) if b is not None]
+    return dict(name=name, steps=steps, threads=threads or cfg.threads,
+                evaluations=k, loss_rel_diff=max(gaps))
 
 # %% ../nbs/05a_train.ipynb #9a92e6e0
 def main(argv=None) -> None:
@@ -333,20 +356,3 @@ def main(argv=None) -> None:
 
 # %% ../nbs/05a_train.ipynb #2eea1ef2
 if __name__ == '__main__': main()
-
-# %% ../nbs/05a_train.ipynb #769a2ec3
-def plot_training(logs: dict, ref: dict):
-    "Figure: test loss with context over training, for each shipped model."
-    import matplotlib.pyplot as plt
-    from icl_book.core import set_style
-    set_style()
-    fig, ax = plt.subplots(figsize=(8, 4))
-    for k, (name, rec) in enumerate(logs.items()):
-        lg = rec['log']
-        ax.plot(lg['step'], lg['test_ctx'], color=f'C{k}', label=name)
-    ax.axhline(ref['ridge'], color='k', ls='-.', lw=1, label='ridge (Bayes)')
-    ax.axhline(ref['zero'], color='k', ls=':', lw=1, label='predict 0')
-    ax.set(yscale='log', xlabel='training step', ylabel='test MSE (with context)')
-    ax.legend(fontsize=10, loc='upper left', bbox_to_anchor=(1.01, 1))
-    fig.tight_layout()             # the legend right of the axes, off the curves
-    return fig
