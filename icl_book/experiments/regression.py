@@ -13,7 +13,9 @@ from ..core import set_style
 from ..regression import TaskConfig
 
 # %% ../../nbs/05_regression.ipynb #b5e10001
-def plot_baselines(curves: dict, cfg: TaskConfig):
+def plot_baselines(curves: dict,    # `baseline_curves`: n, ols, ridge
+                   cfg: TaskConfig  # the TaskConfig the curves were drawn with
+                  ):
     "Figure: test error of least squares and ridge against n, with formula (1)."
     set_style(); fig, ax = plt.subplots(figsize=(6.4, 4))
     ax.plot(curves['n'], curves['ols'], 'o-', label='least squares (OLS)')
