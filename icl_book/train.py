@@ -19,9 +19,9 @@ from .regression import (TaskConfig, Prompts, sample_prompts, query_mask,
                             baseline_predict)
 
 # %% auto #0
-__all__ = ['CHECKPOINTS', 'EVAL_SEED', 'CKPT_DIR', 'LOGGED', 'build_model', 'PlainModel', 'predict', 'TrainConfig', 'model_for',
-           'eval_prompts', 'lr_at', 'eval_losses', 'train', 'save_checkpoint', 'load_model', 'load_log', 'train_all',
-           'compare_checkpoints', 'check_reproduction', 'check_log_prefix', 'main']
+__all__ = ['CHECKPOINTS', 'EVAL_SEED', 'CKPT_DIR', 'LOGGED', 'PROBES', 'build_model', 'PlainModel', 'predict', 'TrainConfig',
+           'model_for', 'eval_prompts', 'lr_at', 'eval_losses', 'train', 'save_checkpoint', 'load_model', 'load_log',
+           'train_all', 'compare_checkpoints', 'check_reproduction', 'check_log_prefix', 'main']
 
 # %% ../nbs/05a_train.ipynb #91f47a81
 def build_model(depth: int = 1,         # Pre-LN blocks
@@ -350,13 +350,14 @@ def check_reproduction(names=None,                     # checkpoint names (None:
     return rec
 
 # %% ../nbs/05a_train.ipynb #d5db98bf
-LOGGED = ('train', 'test_ctx', 'test_patched', 'test_free')   # losses of a log
+LOGGED = ('train', 'test_ctx')   # what training and a record vouch for
+PROBES = ('test_ctx', 'test_patched', 'test_free')   # every evaluation
 
 def check_log_prefix(name: str,                    # a shipped checkpoint
                      steps: int = 50,              # retrain this many steps
                      threads: Optional[int] = None # torch threads; None: its own
                      ) -> dict:
-    "Retrain a shipped model's first `steps` steps; the largest gap from its log."
+    "Retrain a shipped model's first `steps` steps; the largest gaps from its log."
     if name not in CHECKPOINTS:
         raise ValueError(f"unknown checkpoint {name!r}; one of {list(CHECKPOINTS)}")
     cfg = CHECKPOINTS[name]
@@ -366,10 +367,12 @@ def check_log_prefix(name: str,                    # a shipped checkpoint
         raise ValueError(f"the shipped log of {name!r} has no evaluations at "
                          f"steps {log['step']}; choose steps as a multiple of "
                          f"eval_every={cfg.eval_every}")
-    gaps = [abs(a - b) / abs(b) if b else float(a != b) for key in LOGGED
-            for a, b in zip(log[key], ref[key][:k]) if b is not None]
+    gap = lambda a, b: abs(a - b) / abs(b) if b else float(a != b)
+    gaps = lambda key: [gap(a, b) for a, b in zip(log[key], ref[key][:k])
+                        if b is not None]
     return dict(name=name, steps=steps, threads=threads or cfg.threads,
-                evaluations=k, loss_rel_diff=max(gaps))
+                evaluations=k, loss_rel_diff=max(max(gaps(c)) for c in LOGGED),
+                init_rel_diff=max(gaps(c)[0] for c in PROBES))  # step 0: untrained
 
 # %% ../nbs/05a_train.ipynb #9a92e6e0
 def main(argv=None  # command-line arguments (None: sys.argv)
