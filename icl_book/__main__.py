@@ -26,10 +26,10 @@ def _verify(a: argparse.Namespace) -> dict:
 
 def _reproducers() -> dict:
     "CLAIM -> the function of the chapter that reproduces it (loaded on use)."
-    from icl_book.equivalence import reproduce_equivalence
-    from icl_book.finetune import reproduce_finetune_alignment
-    from icl_book.convergence import reproduce_rnn_convergence
-    from icl_book.thought_experiment import reproduce_thought_patch
+    from icl_book.experiments.equivalence import reproduce_equivalence
+    from icl_book.experiments.finetune import reproduce_finetune_alignment
+    from icl_book.experiments.convergence import reproduce_rnn_convergence
+    from icl_book.experiments.thought_experiment import reproduce_thought_patch
     return {'equivalence': reproduce_equivalence,
             'finetune-alignment': reproduce_finetune_alignment,
             'rnn-convergence': reproduce_rnn_convergence,

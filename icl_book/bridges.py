@@ -5,15 +5,10 @@
 # %% ../nbs/10_bridges.ipynb #33f283e7
 from __future__ import annotations
 import torch
-from .core import check_finite, check_int, check_same
-from .regression import query_tokens, sample_prompts
-from .train import CHECKPOINTS, load_model
-from .trajectories import stack_trajectory, trajectory_summaries
-from .thought import (fit_stack_thought_patch, stack_patch_error,
-                              with_context_states)
+from .core import check_finite, check_same
 
 # %% auto #0
-__all__ = ['rome_edit', 'memit_edit', 'steering_comparison', 'monitor_increments', 'plot_monitor']
+__all__ = ['rome_edit', 'memit_edit']
 
 # %% ../nbs/10_bridges.ipynb #4f6cc960
 def _spd_solve(S: torch.Tensor, B, name: str, semi: bool = False):
@@ -34,8 +29,11 @@ def _spd_solve(S: torch.Tensor, B, name: str, semi: bool = False):
                          "unique solution: add a ridge term or more keys")
     return torch.cholesky_solve(B, L)
 
-def rome_edit(W: torch.Tensor, k: torch.Tensor, o: torch.Tensor,
-              cov=None) -> torch.Tensor:
+def rome_edit(W: torch.Tensor,  # the weight (H, d)
+              k: torch.Tensor,  # the key (d,)
+              o: torch.Tensor,  # the value W + P must map k to (H,)
+              cov=None          # key covariance Σ (d, d); None: the identity
+             ) -> torch.Tensor:
     "ROME's rank-one edit P with (W + P) k = o, least tr(P Σ Pᵀ); W (H, d), k (d,), o (H,)."
     check_same(W=W, k=k, o=o, cov=cov)
     if W.dim() != 2 or k.shape != (W.shape[1],) or o.shape != (W.shape[0],):
@@ -53,7 +51,10 @@ def rome_edit(W: torch.Tensor, k: torch.Tensor, o: torch.Tensor,
     return torch.outer(o - W @ k, Sk) / kSk
 
 # %% ../nbs/10_bridges.ipynb #44a1c240
-def memit_edit(Phi: torch.Tensor, R: torch.Tensor, Lambda0: torch.Tensor) -> torch.Tensor:
+def memit_edit(Phi: torch.Tensor,     # keys Φ (d, m), one per column
+               R: torch.Tensor,       # residuals R (H, m) the edit must add
+               Lambda0: torch.Tensor  # preservation covariance Λ0 (d, d), MEMIT's C0
+              ) -> torch.Tensor:
     "MEMIT's batch update R Φᵀ (Λ0 + Φ Φᵀ)⁻¹; keys Φ (d, m), residuals R (H, m), Λ0 (d, d)."
     check_same(Phi=Phi, R=R, Lambda0=Lambda0)
     if (Phi.dim() != 2 or R.dim() != 2 or Phi.shape[1] != R.shape[1]
@@ -66,62 +67,3 @@ def memit_edit(Phi: torch.Tensor, R: torch.Tensor, Lambda0: torch.Tensor) -> tor
     _spd_solve(Lambda0, None, 'Lambda0', semi=True)          # a covariance
     return _spd_solve(Lambda0 + Phi @ Phi.T, Phi @ R.T,
                       'Lambda0 + Phi Phiᵀ').T           # symmetric
-
-# %% ../nbs/10_bridges.ipynb #b5542b97
-def steering_comparison(model: str = 'attn10', n: int = 40, K: int = 256,
-                        tasks: int = 3, ranks=(1, 4), lam: float = 1e-3,
-                        seed: int = 0) -> dict:
-    "Fraction of a prompt's effect carried by static steering, rank-r and full patches."
-    net = load_model(model).double(); task = CHECKPOINTS[model].task
-    g = torch.Generator().manual_seed(seed)
-    variants = {'steering (bias only)': ('bias', {})}
-    variants.update({f'rank-{r} least squares': ('lstsq', dict(lam=lam, rank=r))
-                     for r in ranks})
-    variants['full least squares'] = ('lstsq', dict(lam=lam))
-    carried = {k: [] for k in variants}
-    for _ in range(tasks):
-        C = sample_prompts(task, 1, g, n_ctx=n, n_query=1).tokens[0, :n].double()
-        cal, test = query_tokens(K, task.d, g), query_tokens(256, task.d, g)
-        s_cal, s_test = with_context_states(net, C, cal), with_context_states(net, C, test)
-        none = stack_patch_error(net, C, test, None, s_test)
-        for name, (kind, kw) in variants.items():
-            tp = fit_stack_thought_patch(net, C, cal, kind, s_cal, **kw)
-            carried[name].append(1 - stack_patch_error(net, C, test, tp, s_test) / none)
-    return {k: sum(v) / len(v) for k, v in carried.items()}
-
-# %% ../nbs/10_bridges.ipynb #b97ba035
-def monitor_increments(model: str = 'attn10', n: int = 40, j: int = 20,
-                       tasks: int = 64, seed: int = 0) -> dict:
-    "Per-token increments ||ΔW_{i+1} - ΔW_i|| (layers, n-1) for clean and altered prompts."
-    check_int('n', n, 2); check_int('tasks', tasks)
-    if not (isinstance(j, int) and 0 <= j < n):
-        raise ValueError(f"j (the altered example) must be a position in "
-                         f"0..{n - 1} of the context, got {j!r}")
-    net = load_model(model).double(); task = CHECKPOINTS[model].task
-    g = torch.Generator().manual_seed(seed)
-    p = sample_prompts(task, tasks, g, n_ctx=n, n_query=1)
-    tok = p.tokens.double(); C, x = tok[:, :n], tok[:, n]
-    alt = {'clean': C.clone(), 'contradictory': C.clone(), 'corrupted': C.clone()}
-    alt['contradictory'][:, j, -1] *= -1                      # y = -wᵀx
-    alt['corrupted'][:, j, -1] += 5.0                          # y = wᵀx + 5
-    out = {}
-    with torch.no_grad():
-        for name, Cv in alt.items():
-            traj = stack_trajectory(net, Cv, x)                # per layer, all prefixes
-            out[name] = torch.stack([trajectory_summaries(b.dW)['step'].mean(0)
-                                     for b in traj])           # (L, n-1)
-    return dict(steps=out, j=j)
-
-def plot_monitor(res):
-    "Figure: increments summed over layers, per context position."
-    import matplotlib.pyplot as plt
-    from icl_book.core import set_style
-    set_style(); fig, ax = plt.subplots(figsize=(7, 3.6))
-    for name, s in res['steps'].items():
-        tot = s.sum(0)                                         # (n-1,)
-        ax.plot(range(2, len(tot) + 2), tot, label=name, lw=1.5)
-    ax.axvline(res['j'] + 1, c='grey', ls=':', lw=1)
-    ax.text(res['j'] + 1.3, ax.get_ylim()[1] * 0.95, 'altered example', fontsize=10, va='top')
-    ax.set(xlabel='context token $i$',
-           ylabel=r'$\sum_\ell \|\Delta W^{\ell}_{i} - \Delta W^{\ell}_{i-1}\|_F$')
-    ax.legend(); fig.tight_layout(); return fig

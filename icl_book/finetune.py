@@ -4,41 +4,20 @@
 
 # %% ../nbs/07_finetune.ipynb #d1f766af
 from __future__ import annotations
-import math
-from dataclasses import dataclass
 from typing import NamedTuple, Optional
 import torch
 import torch.nn.functional as F
 from .blocks import RankOne
 from .deep import attention_residual
 from .trajectories import block_trajectory, stack_trajectory
-from .regression import Prompts, baseline_predict, sample_prompts, with_context
-from .train import (CHECKPOINTS, PlainModel, load_model, model_for,
-                            predict)
+from .regression import Prompts
+from .train import PlainModel
 
 # %% auto #0
-__all__ = ['TOKENWISE', 'NAMES', 'FinetuneConfig', 'mlp_input', 'output_from', 'example_grads', 'as_queries', 'Explicit',
-           'explicit_sgd', 'Implicit', 'prefix_patches', 'implicit_steps', 'loss_curves', 'choose_lr', 'best_lr',
-           'factor_cosines', 'rank1_cosine', 'right_factor_moment', 'query_grads', 'cumulative_scorer',
-           'cumulative_cosine', 'lowrank_cosine', 'derangements', 'null_test', 'cosine_summary', 'candidates',
-           'function_space', 'alignment', 'alignment_prompts', 'finetune_runs', 'reproduce_finetune_alignment',
-           'stack_example_grads', 'increments', 'layer_alignment', 'plot_finetuning', 'plot_factors']
-
-# %% ../nbs/07_finetune.ipynb #c100b24d
-@dataclass
-class FinetuneConfig:
-    "Implicit vs explicit fine-tuning on one-block models (book defaults)."
-    name: str = 'attn1'          # the Pre-LN one-block checkpoint
-    plain: str = 'plain1'        # the paper's setting: no residual, no LN
-    tasks: int = 256             # test tasks (one prompt each), >= 3
-    n_query: int = 8             # test queries per task (loss curves)
-    lr: Optional[float] = None   # explicit SGD step for `name`; None: grid
-    plain_lr: Optional[float] = None   # the same for `plain`
-    lrs: tuple = (1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 0.1, 0.3, 1., 3.)  # η
-    val_tasks: int = 128         # validation tasks for choosing η
-    val_seed: int = 100          # their seed
-    nulls: int = 20              # task derangements behind every null
-    seed: int = 0                # test tasks and derangements
+__all__ = ['mlp_input', 'output_from', 'example_grads', 'as_queries', 'Explicit', 'explicit_sgd', 'Implicit',
+           'implicit_trajectory', 'implicit_steps', 'factor_cosines', 'rank1_cosine', 'right_factor_moment',
+           'query_grads', 'permute_tasks', 'cumulative_scorer', 'cumulative_cosine', 'lowrank_cosine',
+           'stack_example_grads', 'increment_terms']
 
 # %% ../nbs/07_finetune.ipynb #b201cd12
 def _one_block(model):
@@ -49,7 +28,9 @@ def _one_block(model):
                          f"{len(model.blocks)}")
     return model.blocks[0]
 
-def mlp_input(model, tokens: torch.Tensor) -> tuple:
+def mlp_input(model,                # a one-block model (PreLNStack or PlainModel)
+              tokens: torch.Tensor  # tokens (B, m, d+1), each run alone
+             ) -> tuple:
     "Residual h and MLP input z, (B, m, D), of tokens (B, m, d+1) run alone."
     blk = _one_block(model)
     B, m, _ = tokens.shape
@@ -60,15 +41,21 @@ def mlp_input(model, tokens: torch.Tensor) -> tuple:
     h = attention_residual(blk, Z).view(B, m, -1)            # (B, m, D)
     return h, blk.ln2(h)
 
-def output_from(model, h: torch.Tensor, pre: torch.Tensor) -> torch.Tensor:
+def output_from(model,             # a one-block model (PreLNStack or PlainModel)
+                h: torch.Tensor,   # residual stream (..., D); 0 in a PlainModel
+                pre: torch.Tensor  # MLP pre-activation W z + b (..., H)
+               ) -> torch.Tensor:
     "The prediction (...) from residual h (..., D), pre-activation (..., H)."
     blk = _one_block(model)
     if isinstance(model, PlainModel): return blk.mlp.rest(pre)[..., 0]
     return model.read_out(model.ln_f(h + blk.mlp.rest(pre)))[..., 0]
 
 # %% ../nbs/07_finetune.ipynb #470fd529
-def example_grads(model, tokens: torch.Tensor, y: Optional[torch.Tensor] = None,
-                  offset: Optional[RankOne] = None):
+def example_grads(model,                             # a one-block model (PreLNStack or PlainModel)
+                  tokens: torch.Tensor,              # tokens (B, m, d+1), each run alone
+                  y: Optional[torch.Tensor] = None,  # targets (B, m); None: predictions only
+                  offset: Optional[RankOne] = None   # W' - W as rank-1 terms (B, k, .), or None
+                 ):
     "Predictions (B, m) of tokens (B, m, d+1) run alone; ∇_W ½(f - y)² factors."
     blk = _one_block(model)
     with torch.no_grad():
@@ -84,7 +71,8 @@ def example_grads(model, tokens: torch.Tensor, y: Optional[torch.Tensor] = None,
     return f.detach(), RankOne(rho, z)                          # ∇ = ρ zᵀ
 
 # %% ../nbs/07_finetune.ipynb #f8737e7b
-def as_queries(X: torch.Tensor) -> torch.Tensor:
+def as_queries(X: torch.Tensor  # inputs (B, m, d)
+              ) -> torch.Tensor:
     "Tokens (x, 0) (B, m, d+1) of inputs X (B, m, d): how a query is seen."
     return torch.cat([X, X.new_zeros(*X.shape[:-1], 1)], -1)
 
@@ -94,7 +82,10 @@ class Explicit(NamedTuple):
     steps: RankOne           # -η ∇ℓ_{k+1}(W'_k): u (B, n, H), v (B, n, D)
     grads0: RankOne          # ∇ℓ_{k+1} at the untouched W: (B, n, H), (B, n, D)
 
-def explicit_sgd(model, p: Prompts, lr: float) -> Explicit:
+def explicit_sgd(model,       # a one-block model (PreLNStack or PlainModel)
+                 p: Prompts,  # prompts: n context examples, q test queries
+                 lr: float    # SGD step size η
+                ) -> Explicit:
     "Fine-tune W by one pass of online SGD on the context examples of each task."
     n = p.n
     if n < 1:
@@ -121,7 +112,10 @@ class Implicit(NamedTuple):
     db: torch.Tensor         # steering vectors Δb_i for prefixes 0..n (B, n+1, D)
     h: torch.Tensor          # the step size γ = 1/||A_0||² (B,)
 
-def prefix_patches(model, C: torch.Tensor, x: torch.Tensor) -> tuple:
+def implicit_trajectory(model,            # a one-block model (PreLNStack or PlainModel)
+                        C: torch.Tensor,  # contexts (B, n, d+1)
+                        x: torch.Tensor   # queries (B, d+1)
+                        ) -> tuple:
     "ΔW_i factors (B, n, H|D) and steering vectors Δb_i (B, n, D), i = 1..n."
     if isinstance(model, PlainModel):                       # Eq. (8) alone
         dW = block_trajectory(model.block, model.embed(C), model.embed(x))
@@ -130,14 +124,16 @@ def prefix_patches(model, C: torch.Tensor, x: torch.Tensor) -> tuple:
     return patch.dW, patch.db_out
 
 # %% ../nbs/07_finetune.ipynb #edc88a74
-def implicit_steps(model, p: Prompts) -> Implicit:
+def implicit_steps(model,      # a one-block model (PreLNStack or PlainModel)
+                   p: Prompts  # prompts; the first query of each is used
+                  ) -> Implicit:
     "Implicit increments and patched predictions at the first query of each task."
     _one_block(model); n = p.n
     if n < 1:
         raise ValueError("prompts without context have no implicit steps")
     C, x = p.tokens[:, :n], p.tokens[:, n]          # (B, n, d+1), (B, d+1)
     with torch.no_grad():
-        (u, v), db = prefix_patches(model, C, x)                # prefixes 1..n
+        (u, v), db = implicit_trajectory(model, C, x)                # prefixes 1..n
         B = u.shape[0]
         xs = x[:, None].expand(B, n, -1).reshape(B * n, 1, -1)  # per prefix
         flat = lambda t: t.reshape(B * n, 1, -1)
@@ -149,56 +145,32 @@ def implicit_steps(model, p: Prompts) -> Implicit:
     return Implicit(torch.cat([y0[:, None], yp], 1), RankOne(du, v),
                     torch.cat([zero(db), db], 1), v[:, 0].norm(dim=-1) ** 2)
 
-# %% ../nbs/07_finetune.ipynb #71380d1e
-def loss_curves(model, p: Prompts, lr: float, noise: float) -> dict:
-    "Test MSE against n = 0..p.n: in context, explicit SGD, OLS, ridge (λ = σ²)."
-    out = dict(n=list(range(p.n + 1)), implicit=[], ols=[], ridge=[])
-    with torch.no_grad():
-        for i in range(p.n + 1):
-            pi = with_context(p, i)
-            out['implicit'].append((predict(model, pi.tokens, i) - pi.targets)
-                                   .pow(2).mean().item())
-            for m in ('ols', 'ridge'):
-                out[m].append((baseline_predict(pi, m, noise) - pi.targets)
-                              .pow(2).mean().item())
-    ex = explicit_sgd(model, p, lr)
-    out['explicit'] = (ex.preds - p.targets[:, None]).pow(2).mean((0, 2)).tolist()
-    out['zero'] = p.targets.pow(2).mean().item()
-    return out
-
-def choose_lr(model, cfg: FinetuneConfig, name: Optional[str] = None) -> dict:
-    "Final explicit test loss for each η of the grid, on validation tasks."
-    g = torch.Generator().manual_seed(cfg.val_seed)
-    task = CHECKPOINTS[name or cfg.name].task
-    p = sample_prompts(task, cfg.val_tasks, g, n_query=cfg.n_query)
-    return {lr: (explicit_sgd(model, p, lr).preds[:, -1] - p.targets)
-            .pow(2).mean().item() for lr in cfg.lrs}
-
-def best_lr(model, cfg: FinetuneConfig, name: str,
-            lr: Optional[float] = None) -> float:
-    "`lr` if given, else the rate of the grid with the lowest validation loss."
-    if lr is not None: return lr
-    val = choose_lr(model, cfg, name)
-    return min(val, key=val.get)
-
 # %% ../nbs/07_finetune.ipynb #ec0596f0
-def factor_cosines(P: RankOne, Q: RankOne) -> tuple:
+def factor_cosines(P: RankOne,  # RankOne factors u (..., H), v (..., D)
+                   Q: RankOne   # the same shapes as P
+                  ) -> tuple:
     "cos(u, u') and cos(v, v') of u vᵀ and u' v'ᵀ per leading index (float64)."
     return P.factor_cosines(Q)
 
-def rank1_cosine(P: RankOne, Q: RankOne) -> torch.Tensor:
+def rank1_cosine(P: RankOne,  # RankOne factors u (..., H), v (..., D)
+                 Q: RankOne   # the same shapes as P
+                ) -> torch.Tensor:
     "Normalised Frobenius inner product of u vᵀ and u' v'ᵀ, per leading index."
     return P.cosine(Q)
 
 # %% ../nbs/07_finetune.ipynb #513791e0
-def right_factor_moment(a: torch.Tensor) -> torch.Tensor:
+def right_factor_moment(a: torch.Tensor  # right factors (..., D)
+                       ) -> torch.Tensor:
     "S = mean of â âᵀ over the leading dims of a (..., D), â = a / ||a||."
     ah = F.normalize(a.double().reshape(-1, a.shape[-1]), dim=-1)
     return ah.T @ ah / ah.shape[0]                           # (D, D)
 
 # %% ../nbs/07_finetune.ipynb #701b4b24
-def query_grads(model, p: Prompts, imp: Implicit,
-                target: torch.Tensor) -> RankOne:
+def query_grads(model,                # a one-block model (PreLNStack or PlainModel)
+                p: Prompts,           # the prompts `imp` was computed on
+                imp: Implicit,        # `implicit_steps(model, p)`
+                target: torch.Tensor  # target of ŷ_i for each prefix i (B, n)
+               ) -> RankOne:
     "-∇_W ½(ŷ_i - target_i)² at the patched weights, i = 0..n-1; target (B, n)."
     blk, n = _one_block(model), p.n
     du = imp.steps.u                                        # (B, n, H)
@@ -217,178 +189,43 @@ def query_grads(model, p: Prompts, imp: Implicit,
     return RankOne(-rho, A0.expand_as(hh))
 
 # %% ../nbs/07_finetune.ipynb #2b36aca0
-def _permuted(R: RankOne, pm) -> RankOne:
+def permute_tasks(R: RankOne,  # factors with tasks on dim 0
+                  pm            # a permutation (or index) of the tasks
+                  ) -> RankOne:
     "The factors of tasks pm: R[pm] (pm a permutation of dim 0)."
     return RankOne(R.u[pm], R.v[pm])
 
-def cumulative_scorer(P: RankOne, Q: RankOne):
+def cumulative_scorer(P: RankOne,  # terms u_j v_jᵀ (B, n, .)
+                      Q: RankOne   # terms u'_j v'_jᵀ (B, n, .)
+                     ):
     "pm -> cos(Σ_{j<k} u_j v_jᵀ, the same of Q's tasks pm), k = 1..n."
     upto = lambda M: M.cumsum(1).cumsum(2).diagonal(dim1=1, dim2=2)
     n1 = upto(P.gram(P)).clamp_min(0)                        # ||S_k||²
     n2 = upto(Q.gram(Q)).clamp_min(0)                        # ||S'_k||²
     def cos(pm):
-        ip = upto(P.gram(_permuted(Q, pm)))                  # <S_k, S'_k>
+        ip = upto(P.gram(permute_tasks(Q, pm)))                  # <S_k, S'_k>
         return ip / (n1 * n2[pm]).sqrt().clamp_min(1e-300)   # (B, n)
     return cos
 
-def cumulative_cosine(P: RankOne, Q: RankOne) -> torch.Tensor:
+def cumulative_cosine(P: RankOne,  # terms u_j v_jᵀ (B, n, .)
+                      Q: RankOne   # terms u'_j v'_jᵀ (B, n, .)
+                     ) -> torch.Tensor:
     "cos(Σ_{j<k} u_j v_jᵀ, Σ_{j<k} u'_j v'_jᵀ), k = 1..n; factors (B, n, .)."
     return cumulative_scorer(P, Q)(torch.arange(P.u.shape[0]))
 
-def lowrank_cosine(P: RankOne, Q: RankOne) -> torch.Tensor:
+def lowrank_cosine(P: RankOne,  # r terms on dim -2: u (..., r, H), v (..., r, D)
+                   Q: RankOne   # s terms on dim -2, same leading dims
+                  ) -> torch.Tensor:
     "cos(Σ_r u_r v_rᵀ, Σ_s u'_s v'_sᵀ); terms on dim -2: u (..., r, H)."
     ip = lambda A, B: A.gram(B).sum((-1, -2))               # <Σ_r, Σ_s>_F
     den = (ip(P, P) * ip(Q, Q)).clamp_min(0).sqrt()
     return ip(P, Q) / den.clamp_min(1e-300)
 
-# %% ../nbs/07_finetune.ipynb #75579d7b
-def derangements(B: int, k: int, seed: int = 0) -> list:
-    "k random permutations of range(B) without fixed points (B >= 3)."
-    if B < 3:
-        raise ValueError(f"a shuffled-task null pairs each task with another "
-                         f"one and needs at least 3 tasks to have a spread; "
-                         f"got {B}. Use more tasks.")
-    if k < 2:
-        raise ValueError(f"need k >= 2 derangements for a spread, got {k}")
-    g = torch.Generator().manual_seed(seed)
-    out = []
-    while len(out) < k:                  # about 1 in e permutations qualifies
-        perm = torch.randperm(B, generator=g)
-        if not (perm == torch.arange(B)).any(): out.append(perm)
-    return out
-
-def null_test(score, B: int, k: int = 20, seed: int = 0) -> dict:
-    "Statistics score(perm) (m,) of the true pairing vs k task derangements."
-    # the null is the mean over derangements; z is nan where it has no spread
-    s = torch.as_tensor(score(torch.arange(B)), dtype=torch.float64)
-    s0 = torch.stack([torch.as_tensor(score(pm), dtype=torch.float64)
-                      for pm in derangements(B, k, seed)])   # (k, m)
-    mu, sd = s0.mean(0), s0.std(0)
-    z = torch.where(sd > 0, (s - mu) / sd.clamp_min(1e-300), torch.nan)
-    return dict(value=s, null=mu, null_sd=sd, z=z)       # z undefined: nan
-
-# %% ../nbs/07_finetune.ipynb #0fa51ac4
-def cosine_summary(cos, B: int, k: int = 20, seed: int = 0) -> dict:
-    "Median and share of positive values of cos(perm), each against the null."
-    stats = lambda c: torch.stack([c.median(), (c > 0).double().mean()])
-    t = null_test(lambda pm: stats(cos(pm)), B, k, seed)
-    f = lambda key, i: t[key][i].item()
-    return dict(median=f('value', 0), null_median=f('null', 0),
-                null_sd=f('null_sd', 0), z=f('z', 0),
-                positive=f('value', 1), null_positive=f('null', 1),
-                positive_z=f('z', 1))
-
-# %% ../nbs/07_finetune.ipynb #20088657
-def candidates(model, p: Prompts, imp: Implicit, ex: Explicit) -> dict:
-    "The explicit updates compared with the implicit increments, (B, n, .)."
-    g0, yq = ex.grads0, p.y[:, p.n:p.n + 1].expand(-1, p.n)
-    return {'example_grad': RankOne(-g0.u, g0.v), 'sgd_step': ex.steps,
-            'test_grad': query_grads(model, p, imp, yq),
-            'next_pred_grad': query_grads(model, p, imp, imp.preds[:, 1:])}
-
-def function_space(imp: Implicit, ex: Explicit, k: int, seed: int) -> dict:
-    "Correlation and sign agreement of the prediction changes, vs the null."
-    dfi, dfe = imp.preds.diff(dim=1), ex.preds[:, :, 0].diff(dim=1)  # (B, n)
-    def score(pm):
-        a, b = dfi.flatten().double(), dfe[pm].flatten().double()
-        return torch.stack([torch.corrcoef(torch.stack([a, b]))[0, 1],
-                            ((a * b) > 0).double().mean()])
-    t = null_test(score, dfi.shape[0], k, seed)
-    f = lambda key, i: t[key][i].item()
-    return dict(corr=f('value', 0), null_corr=f('null', 0),
-                null_sd=f('null_sd', 0), z=f('z', 0),
-                sign_agreement=f('value', 1), null_sign_agreement=f('null', 1),
-                sign_z=f('z', 1), df_implicit=dfi, df_explicit=dfe)
-
-# %% ../nbs/07_finetune.ipynb #92cf5dd2
-def alignment(model, p: Prompts, lr: float, k: int = 20,
-              seed: int = 0) -> dict:
-    "Every alignment of implicit and explicit updates, each against its null."
-    imp, q1, B = implicit_steps(model, p), p.n + 1, p.X.shape[0]
-    ex = explicit_sgd(model, p._replace(X=p.X[:, :q1], y=p.y[:, :q1]), lr)
-    D, cands = imp.steps, candidates(model, p, imp, ex)
-    dots = lambda c, pm: D.factor_cosines(_permuted(cands[c], pm))
-    fns = {c: (lambda pm, c=c: D.cosine(_permuted(cands[c], pm)))
-           for c in cands}
-    for c, r in (('cum_sgd', ex.steps),
-                 ('cum_example_grad', cands['example_grad'])):
-        fns[c] = cumulative_scorer(D, r)
-    G = cands['example_grad']
-    fns['left_factor'] = lambda pm: dots('example_grad', pm)[0]
-    fns['right_factor'] = lambda pm: dots('example_grad', pm)[1]
-    fns['left_factor_abs'] = lambda pm: dots('example_grad', pm)[0].abs()
-    summary = {c: cosine_summary(f, B, k, seed) for c, f in fns.items()}
-    cv = fns['right_factor'](torch.arange(B))
-    summary['right_factor'].update(
-        rms=cv.pow(2).mean().sqrt().item(),
-        moment_bound=right_factor_moment(G.v).norm().item())
-    fs = function_space(imp, ex, k, seed)
-    summary['function'] = {c: v for c, v in fs.items() if c[:3] != 'df_'}
-    pm0 = derangements(B, k, seed)[0]                        # for the figures
-    return dict(cos={c: f(torch.arange(B)) for c, f in fns.items()},
-                null={c: f(pm0) for c, f in fns.items()},
-                df_implicit=fs['df_implicit'], df_explicit=fs['df_explicit'],
-                null_perm=pm0, summary=summary, h=imp.h)
-
-# %% ../nbs/07_finetune.ipynb #562365aa
-def alignment_prompts(cfg: FinetuneConfig, name: str) -> Prompts:
-    "The one-query test prompts of every alignment, one task each."
-    if cfg.tasks < 3:
-        raise ValueError(f"tasks={cfg.tasks}: the shuffled-task nulls need at "
-                         "least 3 tasks (the book uses 256)")
-    return sample_prompts(CHECKPOINTS[name].task, cfg.tasks,
-                          torch.Generator().manual_seed(cfg.seed), n_query=1)
-
-def finetune_runs(cfg: FinetuneConfig = FinetuneConfig()) -> dict:
-    "Alignments of attn1, of its untrained control and of plain1."
-    runs = {}
-    for key, name, lr in (('preln', cfg.name, cfg.lr),
-                          ('plain', cfg.plain, cfg.plain_lr)):
-        p, model = alignment_prompts(cfg, name), load_model(name)
-        lr = best_lr(model, cfg, name, lr)
-        runs[key] = dict(name=name, lr=lr,
-                         **alignment(model, p, lr, cfg.nulls, cfg.seed))
-        if key == 'preln':                                   # control
-            m0 = model_for(CHECKPOINTS[name]).eval()
-            runs['untrained'] = dict(name=name, lr=lr, **alignment(
-                m0, p, lr, cfg.nulls, cfg.seed))
-    return runs
-
-# %% ../nbs/07_finetune.ipynb #30eaab68
-TOKENWISE = ('example_grad', 'sgd_step', 'test_grad', 'next_pred_grad',
-             'cum_sgd', 'cum_example_grad')
-
-def reproduce_finetune_alignment(cfg: FinetuneConfig = FinetuneConfig(),
-                                 runs: Optional[dict] = None) -> dict:
-    "The implicit-vs-explicit alignment claim on the shipped checkpoints."
-    runs = finetune_runs(cfg) if runs is None else runs
-    s, s0, sp = (runs[k]['summary'] for k in ('preln', 'untrained', 'plain'))
-    c, fn, fp = 'example_grad', s['function'], sp['function']
-    return dict(
-        claim='finetune-alignment', checkpoint=cfg.name, candidate=c,
-        cosine_median=s[c]['median'], null_cosine_median=s[c]['null_median'],
-        z=s[c]['z'], positive_fraction=s[c]['positive'],
-        null_positive_fraction=s[c]['null_positive'],
-        untrained_cosine_median=s0[c]['median'], untrained_z=s0[c]['z'],
-        candidates={k: s[k] for k in TOKENWISE},
-        function_corr=fn['corr'], null_function_corr=fn['null_corr'],
-        function_z=fn['z'], sign_agreement=fn['sign_agreement'],
-        null_sign_agreement=fn['null_sign_agreement'], lr=runs['preln']['lr'],
-        plain_checkpoint=cfg.plain, plain_cosine_median=sp[c]['median'],
-        plain_null_cosine_median=sp[c]['null_median'], plain_z=sp[c]['z'],
-        plain_positive_fraction=sp[c]['positive'],
-        plain_candidates={k: sp[k] for k in TOKENWISE},
-        plain_function_corr=fp['corr'], plain_function_z=fp['z'],
-        plain_lr=runs['plain']['lr'],
-        right_factor_cosine_median=sp['right_factor']['median'],
-        right_factor_rms=sp['right_factor']['rms'],
-        right_factor_bound=sp['right_factor']['moment_bound'],
-        left_factor_cosine_median=sp['left_factor']['median'],
-        left_factor_z=sp['left_factor']['z'],
-        tasks=cfg.tasks, n_ctx=CHECKPOINTS[cfg.name].task.n_ctx, seed=cfg.seed)
-
 # %% ../nbs/07_finetune.ipynb #b57b2e0c
-def stack_example_grads(model, tokens: torch.Tensor, y: torch.Tensor) -> list:
+def stack_example_grads(model,                 # a PreLNStack
+                        tokens: torch.Tensor,  # tokens (B, m, d+1), each run alone
+                        y: torch.Tensor        # targets (B, m)
+                       ) -> list:
     "Per block l, factors of ∇_{W_l} ½(f - y)² for tokens (B, m, d+1) alone."
     B, m, _ = tokens.shape
     H = model.blocks[0].mlp.W.shape[0]
@@ -408,137 +245,10 @@ def stack_example_grads(model, tokens: torch.Tensor, y: torch.Tensor) -> list:
             for rho, z in zip(gs, ins)]
 
 # %% ../nbs/07_finetune.ipynb #4ab7dd65
-def increments(dW: RankOne) -> RankOne:
+def increment_terms(dW: RankOne   # a trajectory ΔW_i, i = 1..n: u, v (B, n, .)
+                    ) -> RankOne:
     "ΔW_{i+1} - ΔW_i (ΔW_0 = 0) as two rank-1 terms: u, v (B, n, 2, .)."
     u, v = dW.u.double(), dW.v.double()                       # (B, n, .)
     prev = lambda t: torch.cat([torch.zeros_like(t[:, :1]), t[:, :-1]], 1)
     vprev = torch.cat([v[:, :1], v[:, :-1]], 1)               # v_0 unused
     return RankOne(torch.stack([u, -prev(u)], 2), torch.stack([v, vprev], 2))
-
-def layer_alignment(model, p: Prompts, k: int = 20, seed: int = 0) -> list:
-    "Per block: cos of the implicit increments with -∇_{W_l}ℓ_{i+1}, vs null."
-    n, B = p.n, p.X.shape[0]
-    C, x = p.tokens[:, :n], p.tokens[:, n]
-    with torch.no_grad(): patches = stack_trajectory(model, C, x)
-    grads = stack_example_grads(model, as_queries(p.X[:, :n]), p.y[:, :n])
-    out = []
-    for P, G in zip(patches, grads):
-        Dl = increments(P.dW)
-        Gl = RankOne(-G.u[:, :, None].double(), G.v[:, :, None].double())
-        s = cosine_summary(lambda pm: lowrank_cosine(Dl, _permuted(Gl, pm)),
-                           B, k, seed)
-        s['right_median'] = factor_cosines(P.dW, G)[1].median().item()
-        out.append(s)
-    return out
-
-# %% ../nbs/07_finetune.ipynb #d9db8e0a
-NAMES = {'example_grad': r'$\nabla\ell_{i+1}(W)$ (chosen)',
-         'sgd_step': 'SGD step', 'test_grad': 'test-loss gradient',
-         'next_pred_grad': 'next-prediction gradient'}
-
-def _legend_below(ax, ncol: int = 2, **kw) -> None:
-    "A legend under the axes, off the data."
-    ax.legend(loc='upper center', bbox_to_anchor=(0.5, -0.2), ncol=ncol,
-              fontsize=11, frameon=False, **kw)
-
-def _plot_losses(ax, L: dict, title: str, legend: bool = True) -> None:
-    "Test MSE against the number of examples: implicit, explicit, baselines."
-    ax.plot(L['n'], L['implicit'], 'C0o-', ms=3, label='implicit (in context)')
-    ax.plot(L['n'], L['explicit'], 'C1s-', ms=3, label='explicit SGD on $W$')
-    ax.plot(L['n'], L['ridge'], 'k-.', lw=1, label='ridge (Bayes)')
-    ax.plot(L['n'], L['ols'], 'k:', lw=1, label='OLS')
-    ax.set(yscale='log', ylim=(5e-3, 50), xlabel='examples $n$',
-           ylabel='test MSE', title=title)
-    if legend: _legend_below(ax)
-
-# %% ../nbs/07_finetune.ipynb #01487587
-def _plot_cosines(ax, al: dict, title: str, q: tuple = (0.25, 0.75),
-                  legend: bool = True) -> None:
-    "Mean cosine per token of each candidate; band and null of the chosen one."
-    for k, (name, lab) in enumerate(NAMES.items()):
-        cos, null = al['cos'][name], al['null'][name]
-        i = torch.arange(cos.shape[1])
-        ax.plot(i, cos.mean(0), color=f'C{k}', lw=2 if k == 0 else 1, label=lab)
-        if k: continue
-        ax.fill_between(i, cos.quantile(q[0], 0), cos.quantile(q[1], 0),
-                        color='C0', alpha=0.2, lw=0)
-        ax.plot(i, null.mean(0), color='0.4', ls=':', lw=1.5,
-                label='null (deranged tasks)')
-        ax.fill_between(i, null.quantile(q[0], 0), null.quantile(q[1], 0),
-                        color='0.5', alpha=0.2, lw=0)
-    ax.axhline(0, color='k', lw=0.5)
-    ax.set(ylim=(-0.3, 1), xlabel='token $i$', ylabel=r'$\cos(D_i, -\nabla)$',
-           title=title)
-    ax.set_yscale('symlog', linthresh=1e-2)
-    if legend: _legend_below(ax)
-
-# %% ../nbs/07_finetune.ipynb #0973b347
-def _cov_ellipse(ax, x, y, color, ls, label) -> None:
-    "The 2-standard-deviation ellipse of the points (x, y)."
-    from matplotlib.patches import Ellipse
-    xy = torch.stack([x, y]).double()
-    ev, vec = torch.linalg.eigh(torch.cov(xy))
-    angle = math.degrees(math.atan2(vec[1, 1], vec[0, 1]))
-    ax.add_patch(Ellipse(xy.mean(1).tolist(), 4 * ev[1].clamp_min(0).sqrt().item(),
-                         4 * ev[0].clamp_min(0).sqrt().item(), angle=angle,
-                         fill=False, color=color, ls=ls, lw=2, label=label))
-def _plot_function(ax, al: dict, title: str, legend: bool = True) -> None:
-    "Implicit against explicit change of the prediction, and the null."
-    dfi, dfe = al['df_implicit'].flatten(), al['df_explicit']
-    same, null = dfe.flatten(), dfe[al['null_perm']].flatten()
-    fs = al['summary']['function']
-    ax.scatter(null, dfi, s=3, color='0.3', alpha=0.2, lw=0)
-    ax.scatter(same, dfi, s=3, color='C1', alpha=0.2, lw=0)    # both show
-    _cov_ellipse(ax, same, dfi, 'C1', '-', f"same task, r = {fs['corr']:.3f}")
-    _cov_ellipse(ax, null, dfi, '0.2', '--',
-                 f"null: deranged tasks, r = {fs['null_corr']:.3f}")
-    lim = lambda t: torch.quantile(t.double(), torch.tensor([0.005, 0.995]).double())
-    (x0, x1), (y0, y1) = lim(torch.cat([same, null])), lim(dfi)
-    ax.set(xlim=(x0.item(), x1.item()), ylim=(y0.item(), y1.item()),
-           xlabel=r"explicit: $f_{W'_{i+1}}(x_q) - f_{W'_i}(x_q)$",
-           ylabel=r'implicit: $\hat y_{i+1} - \hat y_i$', title=title)
-    if legend: _legend_below(ax, ncol=1)
-def plot_finetuning(losses: dict, runs: dict, row: str = 'loss'):
-    "Figure, both settings side by side: test loss, cosines or function space."
-    import matplotlib.pyplot as plt
-    from icl_book.core import set_style
-    set_style(); fig, axes = plt.subplots(1, 2, figsize=(8, 4.6))
-    own = row == 'function'                      # its labels differ per panel
-    for ax, key in zip(axes, ('plain', 'preln')):
-        r, n = runs[key], runs[key]['name']
-        if row == 'loss': _plot_losses(ax, losses[n], f'{n}: test loss', own)
-        elif row == 'cosine': _plot_cosines(ax, r, f'{n}: per token', legend=own)
-        else: _plot_function(ax, r, f'{n}: prediction')
-    if not own: fig.legend(*axes[0].get_legend_handles_labels(), ncol=3,
-                           loc='lower center', fontsize=11, frameon=False)
-    fig.tight_layout(rect=(0, 0 if own else 0.15, 1, 1)); return fig
-
-# %% ../nbs/07_finetune.ipynb #021a2c0a
-def plot_factors(runs: dict, layers):
-    "Figure: left and right factor cosines, both settings; attn10 per layer."
-    import matplotlib.pyplot as plt
-    from icl_book.core import set_style
-    set_style()
-    fig, (a, b, c) = plt.subplots(3, 1, figsize=(7, 13))
-    bins = torch.linspace(-1, 1, 61)
-    for k, key in enumerate(('plain', 'preln')):
-        r, name = runs[key], runs[key]['name']
-        for ax, f in ((a, 'right_factor'), (b, 'left_factor')):
-            for vals, ls, lab in ((r['cos'][f], '-', name),
-                                  (r['null'][f], ':', f'{name}, null')):
-                ax.hist(vals.flatten().numpy(), bins.numpy(), density=True,
-                        histtype='step', color=f'C{k}', ls=ls, label=lab)
-    a.set(xlabel=r'right: $\cos(A_0, A(t_{i+1}))$', ylabel='density',
-          title='(a) input-space factors')
-    b.set(xlabel=r'left: $\cos(W(A_{i+1}-A_i), -\rho_{i+1})$', ylabel='density',
-          title='(b) hidden-space factors')
-    for ax in (a, b): _legend_below(ax)
-    l = range(1, len(layers) + 1)
-    c.errorbar(l, layers['null_median'], 2 * layers['null_sd'], fmt='none',
-               color='0.5', capsize=3, label='null ± 2 sd')
-    c.plot(l, layers['median'], 'C0o-', ms=4, label='median cosine')
-    c.axhline(0, color='k', lw=0.5)
-    c.set(xlabel=r'block $\ell$', title='(c) attn10, layer by layer',
-          ylabel=r'$\cos(D^{(\ell)}_i, -\nabla_{W_\ell}\ell_{i+1})$')
-    _legend_below(c); fig.tight_layout(h_pad=2)
-    return fig

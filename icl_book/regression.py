@@ -13,7 +13,7 @@ from .core import (check_finite, check_float, check_int, check_memory,
 
 # %% auto #0
 __all__ = ['TaskConfig', 'Prompts', 'sample_prompts', 'with_context', 'query_tokens', 'ridge', 'ols', 'baseline_predict',
-           'baseline_curves', 'plot_baselines', 'query_mask']
+           'baseline_curves', 'query_mask']
 
 # %% ../nbs/05_regression.ipynb #f56b1004
 @dataclass
@@ -52,9 +52,12 @@ class Prompts(NamedTuple):
         return self.y[:, self.n:]
 
 # %% ../nbs/05_regression.ipynb #bf1bec49
-def sample_prompts(cfg: TaskConfig, batch: int, g: torch.Generator,
-                   n_ctx: Optional[int] = None,
-                   n_query: Optional[int] = None) -> Prompts:
+def sample_prompts(cfg: TaskConfig,               # a TaskConfig: d, n_ctx, n_query, noise, sparsity
+                   batch: int,                    # number of prompts B, one task each
+                   g: torch.Generator,            # the torch.Generator that fixes every draw
+                   n_ctx: Optional[int] = None,   # context length n (None: cfg.n_ctx)
+                   n_query: Optional[int] = None  # queries q per prompt (None: cfg.n_query)
+                  ) -> Prompts:
     "Draw `batch` tasks and one prompt each (n_ctx, n_query override `cfg`)."
     n = cfg.n_ctx if n_ctx is None else n_ctx
     q = cfg.n_query if n_query is None else n_query
@@ -76,7 +79,9 @@ def sample_prompts(cfg: TaskConfig, batch: int, g: torch.Generator,
     return Prompts(w, X, (X @ w[:, :, None])[..., 0] + eps, n)
 
 # %% ../nbs/05_regression.ipynb #f8933b4d
-def with_context(p: Prompts, n: int) -> Prompts:
+def with_context(p: Prompts,  # prompts with context length p.n
+                 n: int       # keep the first n <= p.n examples
+                ) -> Prompts:
     "The same tasks and queries with only the first n context examples."
     if not 0 <= n <= p.n:
         raise ValueError(f"n must be between 0 and the context length "
@@ -84,13 +89,19 @@ def with_context(p: Prompts, n: int) -> Prompts:
     keep = torch.cat([torch.arange(n), torch.arange(p.n, p.X.shape[1])])
     return Prompts(p.w, p.X[:, keep], p.y[:, keep], n)
 
-def query_tokens(K: int, d: int, g: torch.Generator) -> torch.Tensor:
+def query_tokens(K: int,             # number of query tokens
+                 d: int,             # input dimension
+                 g: torch.Generator  # the torch.Generator
+                ) -> torch.Tensor:
     "K query tokens (x, 0) with x ~ N(0, I_d), as in a prompt: (K, d+1), float64."
     x = torch.randn(K, d, generator=g, dtype=torch.float64)
     return torch.cat([x, x.new_zeros(K, 1)], 1)
 
 # %% ../nbs/05_regression.ipynb #97adfd6e
-def ridge(X: torch.Tensor, y: torch.Tensor, lam: float = 0.) -> torch.Tensor:
+def ridge(X: torch.Tensor,  # inputs (B, n, d)
+          y: torch.Tensor,  # labels (B, n)
+          lam: float = 0.   # ridge penalty λ >= 0; 0: least squares
+         ) -> torch.Tensor:
     "Ridge estimate of w (B, d) from X (B, n, d), y (B, n); lam=0 is OLS."
     X, y = check_real_tensor('X', X, 3), check_real_tensor('y', y, 2)
     lam = check_float('lam (the ridge penalty)', lam, low=0)
@@ -106,13 +117,17 @@ def ridge(X: torch.Tensor, y: torch.Tensor, lam: float = 0.) -> torch.Tensor:
     G = Xd.transpose(1, 2) @ Xd + lam * torch.eye(d, dtype=torch.float64)
     return torch.linalg.solve(G, Xd.transpose(1, 2) @ yd)[..., 0].to(X.dtype)
 
-def ols(X: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+def ols(X: torch.Tensor,  # inputs (B, n, d)
+        y: torch.Tensor   # labels (B, n)
+       ) -> torch.Tensor:
     "Least-squares estimate of w (B, d), minimum-norm if n < d."
     return ridge(X, y, 0.)
 
 # %% ../nbs/05_regression.ipynb #4cd904c4
-def baseline_predict(p: Prompts, method: str = 'ridge',
-                     noise: Optional[float] = None) -> torch.Tensor:
+def baseline_predict(p: Prompts,                    # prompts
+                     method: str = 'ridge',         # 'ols', 'ridge' or 'zero'
+                     noise: Optional[float] = None  # σ for ridge (λ = σ²)
+                    ) -> torch.Tensor:
     "Predictions (B, q) at the queries from the context: 'ols', 'ridge', 'zero'."
     Xc, yc, Xq = p.X[:, :p.n], p.y[:, :p.n], p.X[:, p.n:]
     if method == 'zero': return torch.zeros_like(p.targets)
@@ -126,8 +141,11 @@ def baseline_predict(p: Prompts, method: str = 'ridge',
     return (Xq @ w[:, :, None])[..., 0]
 
 # %% ../nbs/05_regression.ipynb #b5e10000
-def baseline_curves(cfg: TaskConfig, n_max: int = 20, batch: int = 4000,
-                    seed: int = 0) -> dict:
+def baseline_curves(cfg: TaskConfig,    # a TaskConfig: d, n_ctx, n_query, noise, sparsity
+                    n_max: int = 20,    # largest context length n
+                    batch: int = 4000,  # one-query prompts per n
+                    seed: int = 0       # seed of the prompts
+                   ) -> dict:
     "Test MSE of least squares and ridge (λ = σ²) for n = 0..n_max examples."
     check_int('n_max', n_max, 1); g = torch.Generator().manual_seed(seed)
     out = {'n': list(range(n_max + 1)), 'ols': [], 'ridge': []}
@@ -138,27 +156,10 @@ def baseline_curves(cfg: TaskConfig, n_max: int = 20, batch: int = 4000,
             out[m].append(err.pow(2).mean().item())
     return out
 
-# %% ../nbs/05_regression.ipynb #b5e10001
-def plot_baselines(curves: dict, cfg: TaskConfig):
-    "Figure: test error of least squares and ridge against n, with formula (1)."
-    import matplotlib.pyplot as plt
-    from icl_book.core import set_style
-    set_style(); fig, ax = plt.subplots(figsize=(6.4, 4))
-    ax.plot(curves['n'], curves['ols'], 'o-', label='least squares (OLS)')
-    ax.plot(curves['n'], curves['ridge'], 's-', label=r'ridge, $\lambda = \sigma^2$')
-    n1 = [n for n in curves['n'] if n > cfg.d + 1]
-    s2 = cfg.noise ** 2
-    ax.plot(n1, [s2 * (1 + cfg.d / (n - cfg.d - 1)) for n in n1], 'k:',
-            label='formula (1)')
-    ax.axvline(cfg.d, c='grey', lw=1); ax.axhline(s2, c='grey', ls='--', lw=1)
-    ax.text(cfg.d + 0.3, ax.get_ylim()[1] * 0.3, '$n = d$', color='grey')
-    ax.set(yscale='log', xlabel='context examples $n$',
-           ylabel='test error (mean squared)')
-    ax.xaxis.set_major_locator(plt.MaxNLocator(integer=True))
-    ax.legend(loc='upper right'); fig.tight_layout(); return fig
-
 # %% ../nbs/05_regression.ipynb #80b01205
-def query_mask(n: int, q: int) -> torch.Tensor:
+def query_mask(n: int,  # context length
+               q: int   # number of queries
+              ) -> torch.Tensor:
     "Attention mask (n+q, n+q): causal context; each query sees C and itself."
     n, q = check_int('n (context length)', n, 0), check_int('q (queries)', q)
     check_memory("a query mask of this size", 2 * (n + q) ** 2)

@@ -18,9 +18,13 @@ __all__ = ['FIT_KINDS', 'fit_linear_patch', 'block_thought_data', 'fit_block_tho
            'stack_patch_error']
 
 # %% ../nbs/09_thought.ipynb #9b78ff9e
-def fit_linear_patch(A: torch.Tensor, V: torch.Tensor, lam: float = 0.0,
-                     rank: Optional[int] = None, bias: bool = False,
-                     rcond: float = 1e-10):
+def fit_linear_patch(A: torch.Tensor,              # inputs a_k as rows (K, d)
+                     V: torch.Tensor,              # targets u_k as rows (K, H)
+                     lam: float = 0.0,             # ridge λ >= 0 (absolute)
+                     rank: Optional[int] = None,   # rank budget r of M; None: any
+                     bias: bool = False,           # fit β too (not penalised)
+                     rcond: float = 1e-10          # singular-value cut-off, λ = 0
+                    ):
     "Least-squares M (H, d), β (H,) or None with M a_k + β ≈ u_k; A (K, d), V (K, H) rows u_k."
     check_same(A=A, V=V)
     if not A.dtype.is_floating_point:
@@ -40,19 +44,24 @@ def fit_linear_patch(A: torch.Tensor, V: torch.Tensor, lam: float = 0.0,
         if not bool(torch.isfinite(G).all()):
             raise ValueError("A is too large for the ridge solve: AᵀA "
                              "overflows float64; rescale A (and V)")
-        Mt = torch.cholesky_solve(Ac.T @ Vc, torch.linalg.cholesky(G))   # (d, H)
+        L = torch.linalg.cholesky(G)                           # G = L Lᵀ
+        Mt = torch.cholesky_solve(Ac.T @ Vc, L)                # (d, H)
+        BMt = L.T @ Mt                     # (BMᵀ)ᵀ(BMᵀ) = M G Mᵀ, ridge rows in
     else:           # min-norm least squares with a singular-value cut-off
         Mt = torch.linalg.lstsq(Ac, Vc, rcond=rcond, driver='gelsd').solution
+        BMt = Ac @ Mt                      # the fitted outputs (K, H)
     M = Mt.T                                               # (H, d)
-    if rank is not None and rank < min(M.shape):
-        fitted = (A64 - a_bar) @ Mt                        # (K, H)
-        U = torch.linalg.svd(fitted.T, full_matrices=False).U[:, :rank]
-        M = U @ (U.T @ M)                                  # reduced-rank regression
+    if rank is not None and rank < min(M.shape):       # the rank-r optimum
+        Q = torch.linalg.svd(BMt, full_matrices=False).Vh[:rank].T   # (H, r)
+        M = Q @ (Q.T @ M)
     beta = (v_bar - M @ a_bar) if bias else None
     return M.to(A.dtype), (beta.to(A.dtype) if bias else None)
 
 # %% ../nbs/09_thought.ipynb #d1d75200
-def block_thought_data(block: ContextualBlock, C: torch.Tensor, X: torch.Tensor):
+def block_thought_data(block: ContextualBlock,  # a ContextualBlock
+                       C: torch.Tensor,         # one context (n, d)
+                       X: torch.Tensor          # calibration queries (K, d)
+                      ):
     "Regression data of the static patch: a_k = A(x_k) (K, d), u_k = W ΔA_k (K, H)."
     check_block(block, 'block_thought_data')
     if C.dim() != 2 or X.dim() != 2:
@@ -65,12 +74,20 @@ def block_thought_data(block: ContextualBlock, C: torch.Tensor, X: torch.Tensor)
         a_free = block.A(None, X)                           # A(x_k)
     return a_free, (a_full - a_free) @ block.W.detach().T
 
-def fit_block_thought_patch(block: ContextualBlock, C: torch.Tensor,
-                            X_cal: torch.Tensor, **fit_kw):
+def fit_block_thought_patch(block: ContextualBlock,  # a ContextualBlock
+                            C: torch.Tensor,         # one context (n, d)
+                            X_cal: torch.Tensor,     # calibration queries (K, d)
+                            **fit_kw                 # lam, rank, bias, rcond of fit_linear_patch
+                           ):
     "Static patch (M, β) of `block` for context C (n, d), fitted on X_cal (K, d)."
     return fit_linear_patch(*block_thought_data(block, C, X_cal), **fit_kw)
 
-def block_patch_error(block: ContextualBlock, C, X, M=None, beta=None) -> float:
+def block_patch_error(block: ContextualBlock,  # a ContextualBlock
+                      C,                       # one context (n, d)
+                      X,                       # queries (K, d)
+                      M=None,                  # patch of W (H, d), or None
+                      beta=None                # patch of b (H,), or None
+                     ) -> float:
     "Mean ||T_{W+M}(x) - T_W(C, x)||² over the queries X (K, d)."
     check_block(block, 'block_patch_error')
     with torch.no_grad():
@@ -79,7 +96,14 @@ def block_patch_error(block: ContextualBlock, C, X, M=None, beta=None) -> float:
     return ((out - target) ** 2).sum(-1).mean().item()
 
 # %% ../nbs/09_thought.ipynb #70fbb376
-def block_thought_curve(block, C, X_cal, X_test, Ks, lam=1e-3, bias=True) -> dict:
+def block_thought_curve(block,     # a ContextualBlock
+                        C,         # one context (n, d)
+                        X_cal,     # calibration queries (K_max, d)
+                        X_test,    # held-out queries (K_test, d)
+                        Ks,        # calibration sizes K <= K_max
+                        lam=1e-3,  # ridge λ
+                        bias=True  # fit β too
+                       ) -> dict:
     "Train/test error of the static patch vs K, relative to no patch."
     none_tr = lambda K: block_patch_error(block, C, X_cal[:K])
     none_te = block_patch_error(block, C, X_test)
@@ -123,7 +147,10 @@ class ContextStates(NamedTuple):
         return ContextStates([h[k] for h in self.h], self.out[k], self.C,
                              self.X[k])
 
-    def check(self, C: torch.Tensor, X: torch.Tensor) -> 'ContextStates':
+    def check(self,
+              C: torch.Tensor,  # the context (n, d_in) the states should belong to
+              X: torch.Tensor   # the queries (K, d_in)
+             ) -> 'ContextStates':
         "Raise ValueError unless these states are those of context C, queries X."
         if self.C.shape != C.shape or not torch.equal(self.C, C):
             raise ValueError("the states were computed with another context; "
@@ -133,7 +160,10 @@ class ContextStates(NamedTuple):
                              "slice them as states[:K] or recompute them")
         return self
 
-def with_context_states(stack: PreLNStack, C: torch.Tensor, X: torch.Tensor):
+def with_context_states(stack: PreLNStack,  # a PreLNStack
+                        C: torch.Tensor,    # one context (n, d_in)
+                        X: torch.Tensor     # queries (K, d_in)
+                       ):
     "Run [C, x_k] for every query x_k (K, d_in); keep what the fit needs."
     if not isinstance(stack, PreLNStack):
         raise TypeError(f"with_context_states takes a PreLNStack, got "
@@ -170,9 +200,13 @@ def _fit_block(blk, h, hc, kind, fit_kw):
     return M, beta, M_out, delta
 
 # %% ../nbs/09_thought.ipynb #929da28a
-def fit_stack_thought_patch(stack: PreLNStack, C: torch.Tensor, X_cal: torch.Tensor,
-                            kind: str = 'lstsq', states: Optional[ContextStates] = None,
-                            **fit_kw) -> ThoughtPatch:
+def fit_stack_thought_patch(stack: PreLNStack,                       # a PreLNStack
+                            C: torch.Tensor,                         # one context (n, d_in)
+                            X_cal: torch.Tensor,                     # calibration queries (K, d_in)
+                            kind: str = 'lstsq',                     # one of FIT_KINDS
+                            states: Optional[ContextStates] = None,  # `with_context_states(stack, C, X_cal)` if computed
+                            **fit_kw                                 # lam, rank, bias, rcond of fit_linear_patch
+                           ) -> ThoughtPatch:
     "Fit a static patch layer by layer on the patched model's own inputs."
     fit_kw = {'bias': True, **fit_kw}                        # β and δ by default
     if kind not in FIT_KINDS:
@@ -194,8 +228,12 @@ def fit_stack_thought_patch(stack: PreLNStack, C: torch.Tensor, X_cal: torch.Ten
     return tp
 
 # %% ../nbs/09_thought.ipynb #ba707f34
-def stack_patch_error(stack: PreLNStack, C, X, tp: Optional[ThoughtPatch] = None,
-                      states: Optional[ContextStates] = None) -> float:
+def stack_patch_error(stack: PreLNStack,                      # a PreLNStack
+                      C,                                      # one context (n, d_in)
+                      X,                                      # queries (K, d_in)
+                      tp: Optional[ThoughtPatch] = None,      # the patch; None: no patch
+                      states: Optional[ContextStates] = None  # `with_context_states(stack, C, X)` if computed
+                     ) -> float:
     "Mean squared distance of the patched query-only output from the with-context one."
     target = (states.check(C, X) if states else with_context_states(stack, C, X)).out
     with torch.no_grad():

@@ -4,7 +4,7 @@
 
 # %% ../nbs/05a_train.ipynb #9d47ce8b
 from __future__ import annotations
-import argparse, json, math, time
+import argparse, json, math, platform, tempfile, time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Optional
@@ -13,18 +13,26 @@ from torch import nn
 from .core import resolve_dtype, seed_everything
 from .blocks import (ContextualBlock, MLP, PreLNStack, StackConfig,
                              make_layer)
+from .patch import chunk_patch
+from .deep import context_patches
 from .regression import (TaskConfig, Prompts, sample_prompts, query_mask,
                             baseline_predict)
 
 # %% auto #0
-__all__ = ['CHECKPOINTS', 'EVAL_SEED', 'CKPT_DIR', 'build_model', 'PlainModel', 'predict', 'TrainConfig', 'model_for',
-           'eval_prompts', 'lr_at', 'evaluate', 'train', 'save_checkpoint', 'load_model', 'load_log', 'train_all',
-           'compare_checkpoints', 'check_reproduction', 'main', 'plot_training']
+__all__ = ['CHECKPOINTS', 'EVAL_SEED', 'CKPT_DIR', 'LOGGED', 'PROBES', 'build_model', 'PlainModel', 'predict', 'TrainConfig',
+           'model_for', 'eval_prompts', 'lr_at', 'eval_losses', 'train', 'save_checkpoint', 'load_model', 'load_log',
+           'train_all', 'compare_checkpoints', 'check_reproduction', 'check_log_prefix', 'main']
 
 # %% ../nbs/05a_train.ipynb #91f47a81
-def build_model(depth: int = 1, kind: str = 'softmax', d: int = 5,
-                d_model: int = 64, d_mlp: int = 256, heads: int = 4,
-                seed: int = 0, arch: str = 'preln'):
+def build_model(depth: int = 1,         # Pre-LN blocks
+                kind: str = 'softmax',  # contextual layer: 'softmax', 'linear', 'gru', 'lstm'
+                d: int = 5,             # task dimension (tokens have d+1 entries)
+                d_model: int = 64,      # residual width
+                d_mlp: int = 256,       # MLP hidden width
+                heads: int = 4,         # attention heads (1 for recurrences)
+                seed: int = 0,          # initialisation seed
+                arch: str = 'preln'     # 'preln', or 'plain': no residual, no LayerNorm
+               ):
     "A stack reading tokens (x, y) of width d+1, writing one number."
     heads = heads if kind in ('softmax', 'linear') else 1
     scfg = StackConfig(depth=depth, d_model=d_model, heads=heads, d_mlp=d_mlp,
@@ -52,11 +60,17 @@ class PlainModel(nn.Module):
     @property
     def blocks(self) -> list: return [self.block]
 
-    def embed(self, X: torch.Tensor) -> torch.Tensor:
+    def embed(self,
+              X: torch.Tensor  # token features (B, T, d_in)
+             ) -> torch.Tensor:
         "Token features (B, T, d_in) -> attention input (B, T, d_model)."
         return self.read_in(X)
 
-    def forward(self, X: torch.Tensor, updates=None, mask=None):
+    def forward(self,
+                X: torch.Tensor,  # tokens (B, T, d_in)
+                updates=None,     # [dict(dW=..., db=...)] for the one block, or None
+                mask=None         # attention mask (T, T), or None
+               ):
         "Outputs (B, T, 1); `updates[0]` is a dict of MLP updates (dW, db)."
         if X.dim() != 3:
             raise ValueError(f"X must be (B, T, d_in), got {tuple(X.shape)}")
@@ -77,7 +91,10 @@ def _recurrent_block(blk, H: torch.Tensor, n: int) -> torch.Tensor:
     h = H + torch.cat([out_c, out_q], 1)
     return h + blk.mlp(blk.ln2(h))
 
-def predict(model, tokens: torch.Tensor, n: int) -> torch.Tensor:
+def predict(model,                 # a model of this chapter (PreLNStack or PlainModel)
+            tokens: torch.Tensor,  # prompts (B, n+q, d+1): n context tokens, q queries
+            n: int                 # context length
+           ) -> torch.Tensor:
     "Predictions (B, q) at the queries after n context tokens (B, n+q, d+1)."
     T = tokens.shape[1]
     if not 0 <= n < T:
@@ -123,18 +140,24 @@ CHECKPOINTS = {
 EVAL_SEED = 1234                  # the fixed test prompts of every log
 
 # %% ../nbs/05a_train.ipynb #2122faea
-def model_for(cfg: TrainConfig):
+def model_for(cfg: TrainConfig  # a TrainConfig
+             ):
     "The untrained model of a training configuration."
     return build_model(cfg.depth, cfg.kind, cfg.task.d, cfg.d_model,
                        cfg.d_mlp, cfg.heads, cfg.seed, cfg.arch)
 
-def eval_prompts(task: TaskConfig, batch: int = 512, n_ctx=None,
-                 seed: int = EVAL_SEED) -> Prompts:
+def eval_prompts(task: TaskConfig,      # a TaskConfig
+                 batch: int = 512,      # number of prompts
+                 n_ctx=None,            # context length (None: the task's)
+                 seed: int = EVAL_SEED  # prompt seed (default: the logs')
+                ) -> Prompts:
     "The fixed one-query test prompts of the logs (n_ctx overrides the task)."
     return sample_prompts(task, batch, torch.Generator().manual_seed(seed),
                           n_ctx=n_ctx, n_query=1)
 
-def lr_at(cfg: TrainConfig, step: int) -> float:
+def lr_at(cfg: TrainConfig,  # a TrainConfig (lr, warmup, steps)
+          step: int          # optimiser step, 0-based
+         ) -> float:
     "Linear warm-up, then cosine decay to 0."
     w = max(1, int(cfg.warmup * cfg.steps))
     if step < w: return cfg.lr * (step + 1) / w
@@ -148,13 +171,13 @@ def _context_free_predictions(model, C: torch.Tensor,
     free = model(x)[:, 0, 0]                              # the query alone
     if not C.shape[1]: return free, free
     if isinstance(model, PlainModel):                     # Eq. (8) alone
-        from icl_book.patch import chunk_patch
         blk, E, e = model.block, model.embed(C), model.embed(x)
         return free, blk.mlp(blk.A(None, e), chunk_patch(blk, E, e))[:, 0, 0]
-    from icl_book.deep import context_patches
     return free, context_patches(model, C, x).apply(model, x)[:, 0, 0]
 
-def evaluate(model, p: Prompts) -> dict:
+def eval_losses(model,         # a model of this chapter (PreLNStack or PlainModel)
+                p: Prompts     # prompts, any number of queries each
+                ) -> dict:
     "Test losses with context, patched without it, and plain without it."
     tok, n, y = p.tokens, p.n, p.targets                    # y (B, q)
     B, q = y.shape
@@ -170,7 +193,10 @@ def evaluate(model, p: Prompts) -> dict:
                 patch_err=((pat - ctx).abs().max() / scale).item())
 
 # %% ../nbs/05a_train.ipynb #9eebd9a8
-def train(cfg: TrainConfig, steps: Optional[int] = None, verbose: bool = False):
+def train(cfg: TrainConfig,             # a TrainConfig
+          steps: Optional[int] = None,  # stop after this many steps (None: cfg.steps)
+          verbose: bool = False         # print each evaluation
+         ):
     "Train `cfg` (or its first `steps` steps); return the model and its log."
     steps = cfg.steps if steps is None else steps
     for what, v in (('steps', steps), ('eval_every', cfg.eval_every),
@@ -187,7 +213,7 @@ def train(cfg: TrainConfig, steps: Optional[int] = None, verbose: bool = False):
         log, recent, t0 = dict(step=[], lr=[], train=[]), [], time.perf_counter()
         for step in range(steps + 1):
             if step % cfg.eval_every == 0 or step == steps:
-                model.eval(); ev = evaluate(model, test); model.train()
+                model.eval(); ev = eval_losses(model, test); model.train()
                 for k, v in dict(step=step, lr=lr_at(cfg, step),
                                  train=sum(recent) / len(recent) if recent else None,
                                  **ev).items():
@@ -215,8 +241,11 @@ def _checkpoint_files(name: str, folder=None) -> tuple:
     folder = Path(folder) if folder is not None else CKPT_DIR
     return folder / f'{name}.pt', folder / f'{name}.json'
 
-def save_checkpoint(model: PreLNStack, cfg: TrainConfig, log: dict,
-                    folder=None) -> Path:
+def save_checkpoint(model: PreLNStack,  # the trained model
+                    cfg: TrainConfig,   # its TrainConfig
+                    log: dict,          # its training log
+                    folder=None         # destination (None: the package's checkpoints)
+                   ) -> Path:
     "Write NAME.pt (config + weights) and NAME.json (config + log)."
     pt, js = _checkpoint_files(cfg.name, folder)
     pt.parent.mkdir(parents=True, exist_ok=True)
@@ -235,7 +264,10 @@ def _missing_checkpoint(name: str, path: Path) -> FileNotFoundError:
         f"no checkpoint {name!r} at {path}; regenerate the checkpoints with "
         f"`python -m icl_book.train {name}` (or --all)")
 
-def load_model(name: str, folder=None, strict: bool = True) -> PreLNStack:
+def load_model(name: str,           # a checkpoint name, a key of CHECKPOINTS
+               folder=None,         # where to read (None: the package's)
+               strict: bool = True  # refuse names and configs that CHECKPOINTS does not list
+              ) -> PreLNStack:
     "A trained model from its checkpoint, in eval mode."
     if name not in CHECKPOINTS and strict:
         raise ValueError(f"unknown checkpoint {name!r}; one of "
@@ -252,14 +284,19 @@ def load_model(name: str, folder=None, strict: bool = True) -> PreLNStack:
     model = model_for(cfg); model.load_state_dict(ckpt['state_dict'])
     return model.eval()
 
-def load_log(name: str, folder=None) -> dict:
+def load_log(name: str,   # a checkpoint name
+             folder=None  # where to read (None: the package's)
+            ) -> dict:
     "The JSON training record of a checkpoint: config, torch version, log."
     _, js = _checkpoint_files(name, folder)
     if not js.exists(): raise _missing_checkpoint(name, js)
     return json.loads(js.read_text())
 
 # %% ../nbs/05a_train.ipynb #329ba228
-def train_all(names=None, folder=None, verbose: bool = True) -> dict:
+def train_all(names=None,           # checkpoint names (None: all)
+              folder=None,          # destination (None: the package's)
+              verbose: bool = True  # print one line per model
+             ) -> dict:
     "Train and save the given checkpoints (default: all); return their logs."
     logs = {}
     for name in names or list(CHECKPOINTS):
@@ -276,7 +313,10 @@ def train_all(names=None, folder=None, verbose: bool = True) -> dict:
     return logs
 
 # %% ../nbs/05a_train.ipynb #3d0ec462
-def compare_checkpoints(a=None, b=None, names=None) -> dict:
+def compare_checkpoints(a=None,     # one folder (None: the package's)
+                        b=None,     # the other folder (None: the package's)
+                        names=None  # checkpoint names (None: all)
+                       ) -> dict:
     "Max weight difference and relative final-loss difference, per checkpoint."
     out = {}
     for name in names or list(CHECKPOINTS):
@@ -288,10 +328,11 @@ def compare_checkpoints(a=None, b=None, names=None) -> dict:
     return out
 
 # %% ../nbs/05a_train.ipynb #12d37417
-def check_reproduction(names=None, threads: Optional[int] = None,
-                       record: bool = True) -> dict:
+def check_reproduction(names=None,                     # checkpoint names (None: all)
+                       threads: Optional[int] = None,  # torch threads for the retrain (None: 1)
+                       record: bool = True             # append the result to reproducibility.json
+                      ) -> dict:
     "Retrain into a temporary folder, compare with the shipped files, record it."
-    import platform, tempfile
     names = list(names or CHECKPOINTS)
     with tempfile.TemporaryDirectory() as tmp:
         for k in names:
@@ -308,8 +349,34 @@ def check_reproduction(names=None, threads: Optional[int] = None,
         path.write_text(json.dumps(recs + [rec], indent=1) + '\n')
     return rec
 
+# %% ../nbs/05a_train.ipynb #d5db98bf
+LOGGED = ('train', 'test_ctx')   # what training and a record vouch for
+PROBES = ('test_ctx', 'test_patched', 'test_free')   # every evaluation
+
+def check_log_prefix(name: str,                    # a shipped checkpoint
+                     steps: int = 50,              # retrain this many steps
+                     threads: Optional[int] = None # torch threads; None: its own
+                     ) -> dict:
+    "Retrain a shipped model's first `steps` steps; the largest gaps from its log."
+    if name not in CHECKPOINTS:
+        raise ValueError(f"unknown checkpoint {name!r}; one of {list(CHECKPOINTS)}")
+    cfg = CHECKPOINTS[name]
+    _, log = train(cfg if threads is None else replace(cfg, threads=threads), steps)
+    ref, k = load_log(name)['log'], len(log['step'])
+    if ref['step'][:k] != log['step']:
+        raise ValueError(f"the shipped log of {name!r} has no evaluations at "
+                         f"steps {log['step']}; choose steps as a multiple of "
+                         f"eval_every={cfg.eval_every}")
+    gap = lambda a, b: abs(a - b) / abs(b) if b else float(a != b)
+    gaps = lambda key: [gap(a, b) for a, b in zip(log[key], ref[key][:k])
+                        if b is not None]
+    return dict(name=name, steps=steps, threads=threads or cfg.threads,
+                evaluations=k, loss_rel_diff=max(max(gaps(c)) for c in LOGGED),
+                init_rel_diff=max(gaps(c)[0] for c in PROBES))  # step 0: untrained
+
 # %% ../nbs/05a_train.ipynb #9a92e6e0
-def main(argv=None) -> None:
+def main(argv=None  # command-line arguments (None: sys.argv)
+        ) -> None:
     "`python -m icl_book.train [--all | NAME ...] [--out DIR] [--check]`."
     ap = argparse.ArgumentParser(
         prog='python -m icl_book.train',
@@ -333,20 +400,3 @@ def main(argv=None) -> None:
 
 # %% ../nbs/05a_train.ipynb #2eea1ef2
 if __name__ == '__main__': main()
-
-# %% ../nbs/05a_train.ipynb #769a2ec3
-def plot_training(logs: dict, ref: dict):
-    "Figure: test loss with context over training, for each shipped model."
-    import matplotlib.pyplot as plt
-    from icl_book.core import set_style
-    set_style()
-    fig, ax = plt.subplots(figsize=(8, 4))
-    for k, (name, rec) in enumerate(logs.items()):
-        lg = rec['log']
-        ax.plot(lg['step'], lg['test_ctx'], color=f'C{k}', label=name)
-    ax.axhline(ref['ridge'], color='k', ls='-.', lw=1, label='ridge (Bayes)')
-    ax.axhline(ref['zero'], color='k', ls=':', lw=1, label='predict 0')
-    ax.set(yscale='log', xlabel='training step', ylabel='test MSE (with context)')
-    ax.legend(fontsize=10, loc='upper left', bbox_to_anchor=(1.01, 1))
-    fig.tight_layout()             # the legend right of the axes, off the curves
-    return fig

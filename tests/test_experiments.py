@@ -4,6 +4,7 @@ The reproduce functions run on the shipped checkpoints with reduced sizes
 where that keeps their meaning; the full-size calls are made by the chapters.
 """
 import json
+import platform
 from dataclasses import replace
 
 import pytest
@@ -11,8 +12,8 @@ import torch
 
 from icl_book.regression import (TaskConfig, baseline_predict, ols, query_mask, ridge,
                             sample_prompts, with_context)
-from icl_book.train import (CHECKPOINTS, CKPT_DIR, build_model, load_log,
-                            load_model, predict, train)
+from icl_book.train import (CHECKPOINTS, CKPT_DIR, build_model, check_log_prefix,
+                            load_log, load_model, predict, train)
 
 
 def gen(seed=0):
@@ -154,10 +155,50 @@ def test_reproducibility_record_says_bitwise_on_one_thread():
                         for r in same for v in r['results'].values())
 
 
+RECORDS = json.loads((CKPT_DIR / 'reproducibility.json').read_text())
+
+
+def _tolerances():
+    "name -> (bitwise tolerance of its one-thread records here, cross-platform one)."
+    here = [r for r in RECORDS if r['threads'] == 1 and r['torch'] == torch.__version__
+            and r['machine'] == platform.machine()]
+    other = max(v['loss_rel_diff'] for r in RECORDS if r['threads'] != 1
+                for v in r['results'].values())
+    return {k: (v['loss_rel_diff'], other) for r in here for k, v in r['results'].items()}
+
+
+@pytest.mark.parametrize("name", sorted({k for r in RECORDS for k in r['results']}))
+def test_a_retrain_reproduces_the_shipped_log_as_the_record_says(name):
+    """Run the code: the first 50 steps of a recorded model against its shipped log,
+    bit for bit where the float kernels are the recording machine's (the step-0
+    evaluation, before any training, is identical), else within the record's
+    cross-platform tolerance (its largest multi-thread loss difference)."""
+    tol = _tolerances()
+    if name not in tol:
+        pytest.skip(f"no one-thread record of {name} for torch {torch.__version__} "
+                    f"on {platform.machine()}: the record says nothing here")
+    got = check_log_prefix(name, steps=50)
+    assert got['evaluations'] == 2 and got['threads'] == 1
+    bitwise, other = tol[name]
+    assert got['loss_rel_diff'] <= (bitwise if got['init_rel_diff'] == 0 else other), got
+
+
+def test_check_log_prefix_sees_a_different_training(monkeypatch):
+    "A wrong number fails it: a retrain with another seed is far from the log."
+    cfg = CHECKPOINTS['plain1']
+    monkeypatch.setitem(CHECKPOINTS, 'plain1', replace(cfg, seed=cfg.seed + 1))
+    assert check_log_prefix('plain1', steps=50)['loss_rel_diff'] > 1e-3
+    monkeypatch.undo()
+    with pytest.raises(ValueError, match="multiple of"):
+        check_log_prefix('plain1', steps=30)
+    with pytest.raises(ValueError, match="unknown checkpoint"):
+        check_log_prefix('nope')
+
+
 # --- reproduce functions -----------------------------------------------------
 
 def test_reproduce_equivalence():
-    from icl_book.equivalence import reproduce_equivalence
+    from icl_book.experiments.equivalence import reproduce_equivalence
     res = reproduce_equivalence(ns=(1, 40, 80), batch=32)
     json.dumps(res)
     assert {'layers', 'max_rel_err'} <= set(res)
@@ -167,7 +208,7 @@ def test_reproduce_equivalence():
 
 
 def test_reproduce_finetune_alignment():
-    from icl_book.finetune import FinetuneConfig, reproduce_finetune_alignment
+    from icl_book.experiments.finetune import FinetuneConfig, reproduce_finetune_alignment
     res = reproduce_finetune_alignment(FinetuneConfig(lr=0.003, plain_lr=1.0))  # skip η search
     json.dumps(res)
     assert {'cosine_median', 'null_cosine_median', 'z', 'untrained_z',
@@ -187,7 +228,7 @@ def test_reproduce_finetune_alignment():
 
 
 def test_reproduce_rnn_convergence():
-    from icl_book.convergence import ConvergenceConfig, reproduce_rnn_convergence
+    from icl_book.experiments.convergence import ConvergenceConfig, reproduce_rnn_convergence
     res = reproduce_rnn_convergence(ConvergenceConfig(tasks=32))
     json.dumps(res)
     keys = {'attention_late_over_early', 'gru_late_over_early', 'lstm_late_over_early'}

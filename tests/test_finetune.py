@@ -10,16 +10,20 @@ import pytest
 import torch
 import torch.nn.functional as F
 from hypothesis import given, settings, strategies as st
+from torch.func import functional_call, grad, vmap
 
 from icl_book.blocks import RankOne
+from icl_book.deep import context_patches
+from icl_book.patch import chunk_patch
 from icl_book.finetune import (
-    FinetuneConfig, as_queries, cumulative_cosine, derangements, example_grads,
-    explicit_sgd, factor_cosines, finetune_runs, implicit_steps, increments,
-    lowrank_cosine, null_test, rank1_cosine, reproduce_finetune_alignment,
+    as_queries, cumulative_cosine, example_grads, explicit_sgd, factor_cosines,
+    implicit_steps, increment_terms, lowrank_cosine, rank1_cosine,
     right_factor_moment, stack_example_grads)
+from icl_book.experiments.finetune import (
+    FinetuneConfig, derangements, null_test, reproduce_finetune_alignment)
 from icl_book.regression import TaskConfig, sample_prompts, with_context
-from icl_book.train import (CHECKPOINTS, PlainModel, build_model, evaluate,
-                            load_model, main, predict, train)
+from icl_book.train import (CHECKPOINTS, PlainModel, build_model, eval_losses,
+                            load_model, main, model_for, predict, train)
 
 
 def gen(seed=0):
@@ -96,8 +100,8 @@ def test_evaluate_with_many_queries_equals_one_query_prompts(arch):
     m = build_model(arch=arch).double()
     p = sample_prompts(TaskConfig(), 3, gen(3), n_ctx=7, n_query=16)
     p = p._replace(X=p.X.double(), y=p.y.double())
-    joint = evaluate(m, p)
-    alone = [evaluate(m, p._replace(X=p.X[:, keep], y=p.y[:, keep]))
+    joint = eval_losses(m, p)
+    alone = [eval_losses(m, p._replace(X=p.X[:, keep], y=p.y[:, keep]))
              for keep in ([*range(7), 7 + j] for j in range(16))]
     for k in ('test_ctx', 'test_patched', 'test_free'):
         assert joint[k] == pytest.approx(sum(a[k] for a in alone) / 16, rel=1e-10)
@@ -107,7 +111,7 @@ def test_evaluate_with_many_queries_equals_one_query_prompts(arch):
 def test_evaluate_of_a_shipped_model_with_many_queries():
     m = load_model('attn1')
     p = sample_prompts(TaskConfig(), 8, gen(4), n_query=16)
-    ev = evaluate(m, p)
+    ev = eval_losses(m, p)
     assert ev['patch_err'] < 1e-4
     assert ev['test_patched'] == pytest.approx(ev['test_ctx'], rel=1e-4)
 
@@ -232,7 +236,7 @@ def test_lowrank_cosine_and_increments_equal_dense(r, s, H, D, seed):
     T = RankOne(torch.randn(2, 5, H, generator=g).double(), torch.randn(2, 5, D, generator=g).double())
     full = T.dense()
     inc = full - torch.cat([torch.zeros_like(full[:, :1]), full[:, :-1]], 1)
-    assert torch.allclose(increments(T).dense().sum(-3), inc, atol=1e-12)
+    assert torch.allclose(increment_terms(T).dense().sum(-3), inc, atol=1e-12)
 
 
 def test_right_factor_moment_gives_the_mean_squared_cosine_exactly():
@@ -285,13 +289,62 @@ def test_reproduce_with_three_tasks_gives_finite_results():
         assert torch.isfinite(torch.tensor(res[k])), k
 
 
-def test_reproduce_is_the_chapters_computation():
-    cfg = FinetuneConfig(tasks=12, lr=3e-3, plain_lr=1.0, nulls=5)
-    runs = finetune_runs(cfg)
-    res = reproduce_finetune_alignment(cfg, runs)
-    s, sp = runs['preln']['summary'], runs['plain']['summary']
-    assert res['z'] == s['example_grad']['z']
-    assert res['null_cosine_median'] == s['example_grad']['null_median']
-    assert res['plain_z'] == sp['example_grad']['z']
-    assert res['right_factor_cosine_median'] == sp['right_factor']['median']
+def as_tokens(X):
+    "Tokens (x, 0) of inputs X (B, m, d), written out here."
+    return torch.cat([X, X.new_zeros(*X.shape[:-1], 1)], -1)
+
+
+def _direct_cosines(model, p):
+    "cos(D_i, -∇_W ℓ_{i+1}(W)) (B, n), dense, without icl_book.finetune."
+    B, n = p.X.shape[0], p.n
+    C, x = p.tokens[:, :n], p.tokens[:, n:n + 1]
+    blk, W = model.blocks[0], model.blocks[0].mlp.W
+    with torch.no_grad():                          # ΔW_i for i = 0..n, dense
+        if isinstance(model, PlainModel):          # Eq. (8) of the one block
+            E, e = model.embed(C), model.embed(x)
+            dW = [chunk_patch(blk, E[:, :i], e).dense()[:, 0] for i in range(1, n + 1)]
+        else:
+            dW = [context_patches(model, C[:, :i], x).layers[0].dW.dense()[:, 0]
+                  for i in range(1, n + 1)]
+    dW = torch.stack([torch.zeros_like(dW[0])] + dW, 1).double()  # (B, n+1, H, D)
+    D = dW.diff(dim=1)                                            # (B, n, H, D)
+    name = next(k for k, q in model.named_parameters() if q is W)
+    params = {k: q.detach() for k, q in model.named_parameters()}
+
+    def loss(Wv, t, y):                            # ½(f_W(t) - y)², t = (x, 0) alone
+        return 0.5 * (functional_call(model, {**params, name: Wv}, (t,))[0, 0, 0] - y) ** 2
+    t = as_tokens(p.X[:, :n]).reshape(B * n, 1, 1, -1)
+    G = -vmap(grad(loss), in_dims=(None, 0, 0))(W.detach(), t, p.y[:, :n].reshape(-1))
+    G = G.view(B, n, *W.shape).double()            # per-example gradients, autograd
+    def cos(pm):
+        Dp, Gp = D.flatten(2), G[pm].flatten(2)
+        return F.cosine_similarity(Dp, Gp, dim=-1)                 # (B, n)
+    return cos
+
+
+def _direct_summary(cos, B, k, seed):
+    "Median, null median, z and share of positive cosines, by hand."
+    med = cos(torch.arange(B)).median().item()
+    nulls = torch.tensor([cos(pm).median().item() for pm in derangements(B, k, seed)],
+                         dtype=torch.float64)
+    mu, sd = nulls.mean().item(), nulls.std().item()
+    return dict(median=med, null_median=mu, z=(med - mu) / sd,
+                positive=(cos(torch.arange(B)) > 0).double().mean().item())
+
+
+def test_reproduce_agrees_with_a_direct_computation():
+    "The claim's numbers, recomputed densely from the shipped models."
+    cfg = FinetuneConfig(tasks=6, lr=3e-3, plain_lr=1.0, nulls=5)
+    res = reproduce_finetune_alignment(cfg)
+    for prefix, model in (('', load_model('attn1')), ('plain_', load_model('plain1')),
+                          ('untrained_', model_for(CHECKPOINTS['attn1']).eval())):
+        name = 'plain1' if prefix == 'plain_' else 'attn1'
+        p = sample_prompts(CHECKPOINTS[name].task, cfg.tasks, gen(cfg.seed), n_query=1)
+        want = _direct_summary(_direct_cosines(model, p), cfg.tasks, cfg.nulls, cfg.seed)
+        assert res[f'{prefix}cosine_median'] == pytest.approx(want['median'], abs=1e-6)
+        assert res[f'{prefix}z'] == pytest.approx(want['z'], rel=5e-3, abs=1e-2)
+        if prefix != 'untrained_':
+            assert res[f'{prefix}null_cosine_median'] == pytest.approx(
+                want['null_median'], abs=2e-6)
+            assert res[f'{prefix}positive_fraction'] == pytest.approx(want['positive'], abs=0.01)
     assert reproduce_finetune_alignment(cfg) == res                # deterministic

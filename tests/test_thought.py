@@ -52,6 +52,33 @@ def test_rank_budget_and_interpolation():
     assert torch.allclose(A[:5] @ M.T, V[:5], atol=1e-10)
 
 
+def _ridge_objective(A, V, M, b, lam):
+    return (((A @ M.T + b - V) ** 2).sum() + lam * (M ** 2).sum()).item()
+
+
+@settings(max_examples=15, deadline=None)
+@given(K=st.integers(3, 20), d=st.integers(2, 5), lam=st.sampled_from([0.0, 0.5, 3.0]),
+       bias=st.booleans(), seed=st.integers(0, 10**6))
+def test_rank_budget_is_the_constrained_optimum_with_ridge(K, d, lam, bias, seed):
+    "rank=1 with H = 2: no rank-1 M (a fine scan of directions u) does better."
+    g = torch.Generator().manual_seed(seed)
+    A = torch.randn(K, d, generator=g, dtype=torch.float64)
+    V = torch.randn(K, 2, generator=g, dtype=torch.float64) + A[:, :2]
+    M, b = fit_linear_patch(A, V, lam, rank=1, bias=bias, rcond=1e-12)
+    J = _ridge_objective(A, V, M, b if bias else 0, lam)
+    Ac, Vc = (A - A.mean(0), V - V.mean(0)) if bias else (A, V)
+    G = Ac.T @ Ac + lam * torch.eye(d, dtype=torch.float64)   # M = u wᵀ, |u| = 1:
+    t = torch.linspace(0, torch.pi, 100001, dtype=torch.float64)   # best w per u
+    us = torch.stack([t.cos(), t.sin()], 1)
+    Ws = us @ (torch.linalg.pinv(G) @ Ac.T @ Vc).T              # (N, d)
+    F = Ac @ Ws.T
+    Ju = ((Vc ** 2).sum() - 2 * (F * (Vc @ us.T)).sum(0) + (F ** 2).sum(0)
+          + lam * (Ws ** 2).sum(1))
+    best = Ju.min().item()
+    assert J <= best + 1e-10 * (1 + J)                          # never beaten
+    assert best - J < 1e-7 * (1 + J)                             # and attained
+
+
 def test_single_block_patch_exact_for_one_query_and_generalises():
     blk = make_block("softmax", d=8, d_hidden=32)
     g = torch.Generator().manual_seed(3)
