@@ -9,9 +9,12 @@ import math
 import pytest
 import torch
 
-from icl_book import blocks, bridges, convergence, core, deep, dynamics
+from icl_book import blocks, bridges, core, deep, dynamics
 from icl_book import trajectories
-from icl_book import equivalence, patch, thought, thought_experiment
+from icl_book import patch, thought
+from icl_book.experiments import convergence, equivalence, thought_experiment
+from icl_book.experiments import bridges as xbridges
+from icl_book.experiments import trajectories as xtrajectories
 from icl_book.__main__ import main as cli_main
 
 f64 = torch.float64
@@ -151,8 +154,8 @@ BAD = {
     'thought states of another context': (states_of_other_context, ValueError,
                                           'context'),
     'thought Ks empty': (lambda: thought_experiment.ThoughtConfig(Ks=()), ValueError, 'Ks'),
-    'monitor j=-1': (lambda: bridges.monitor_increments(j=-1), ValueError, 'j'),
-    'monitor j=n': (lambda: bridges.monitor_increments(n=10, j=10), ValueError, 'j'),
+    'monitor j=-1': (lambda: xbridges.monitor_increments(j=-1), ValueError, 'j'),
+    'monitor j=n': (lambda: xbridges.monitor_increments(n=10, j=10), ValueError, 'j'),
     'reproduce_equivalence ns=()': (
         lambda: equivalence.reproduce_equivalence(ns=()), ValueError, 'ns'),
     'reproduce_equivalence unknown name': (
@@ -161,12 +164,12 @@ BAD = {
                                   ValueError, 'n_ctx'),
     'ConvergenceConfig names=()': (lambda: convergence.ConvergenceConfig(names=()),
                                    ValueError, 'names'),
-    'late_over_early empty': (lambda: convergence.late_over_early(torch.zeros(3, 0)),
+    'late_over_early empty': (lambda: trajectories.late_over_early(torch.zeros(3, 0)),
                               ValueError, 'empty'),
-    'tail_slope too short': (lambda: convergence.tail_slope(torch.ones(3, 2)),
+    'tail_slope too short': (lambda: trajectories.tail_slope(torch.ones(3, 2)),
                              ValueError, 'positions'),
     'bench_trajectory repeats=0': (
-        lambda: trajectories.bench_trajectory(n=4, layers=1, d_model=8, repeats=0),
+        lambda: xtrajectories.bench_trajectory(n=4, layers=1, d_model=8, repeats=0),
         ValueError, 'repeats'),
     'verify layers=True': (lambda: deep.verify(layers=True), ValueError, 'layers'),
     'greedy k=-1': (lambda: deep.greedy(lm(), tokens(1, 3), -1), ValueError, 'k'),
@@ -410,7 +413,7 @@ BAD27 = {
     'ridge(NaN X)': (lambda: tasks.ridge(nan_at(rand(2, 5, 3)), rand(2, 5), .1),
                      ValueError, 'X is not finite'),
     'late_over_early(NaN)': (
-        lambda: convergence.late_over_early(nan_at(torch.ones(2, 20))),
+        lambda: trajectories.late_over_early(nan_at(torch.ones(2, 20))),
         ValueError, 'NaN or inf'),
     'trajectory_stats(batch 0)': (
         lambda: trajectories.trajectory_stats(block(), C[:0], X[:0]),
@@ -424,12 +427,12 @@ BAD27 = {
     'fit_linear_patch(A at 1e200)': (
         lambda: thought.fit_linear_patch(1e200 * rand(6, 3), rand(6, 2), .1),
         ValueError, 'overflows float64'),
-    'tail_slope(1-D)': (lambda: convergence.tail_slope(torch.ones(10)),
+    'tail_slope(1-D)': (lambda: trajectories.tail_slope(torch.ones(10)),
                         ValueError, 'inc must have 2'),
-    'tail_slope(zeros)': (lambda: convergence.tail_slope(torch.zeros(2, 10)),
+    'tail_slope(zeros)': (lambda: trajectories.tail_slope(torch.zeros(2, 10)),
                           ValueError, 'positive, finite'),
     'tail_slope(start=nan)': (
-        lambda: convergence.tail_slope(torch.ones(2, 10), math.nan),
+        lambda: trajectories.tail_slope(torch.ones(2, 10), math.nan),
         ValueError, 'start'),
 }
 
