@@ -6,7 +6,7 @@
 from __future__ import annotations
 from contextlib import ExitStack, contextmanager
 import torch
-from .hf import check_model
+from .hf_checks import check_model
 from .lm_thought import (prompt_cache, grown_cache, after_prompt,
                                  layer_output)
 from .task_suite import Split, TaskData, demo_text, token_ids

@@ -13,7 +13,7 @@ import torch
 from .core import check_int
 from .thought import ThoughtPatch
 from .weights import load_pretrained
-from .hf import check_model
+from .hf_checks import check_model
 from .lm_thought import (
     fit_thought_patch, teacher_forced, thought_patched, compression_metrics,
     patch_numel, budget_rank, progress, prompt_cache, icl_logprobs,

@@ -11,7 +11,7 @@ from typing import Optional
 import torch
 from .thought import ThoughtPatch, fit_linear_patch
 from .families import linear_weight
-from .hf import check_model
+from .hf_checks import check_model
 
 # %% auto #0
 __all__ = ['THOUGHT_KINDS', 'hook_layers', 'pad_batch', 'prompt_states', 'reduced_rank_fit', 'patch_numel', 'budget_rank',
