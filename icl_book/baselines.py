@@ -47,11 +47,13 @@ def icl_states(model,      # a supported transformers model
                P,          # (1, n) the prompt
                split: Split,    # the queries run after it
                cache=None,      # prompt_cache(model, P), reused
-               parts=STATE_PARTS) -> dict:   # what to record (others: None)
+               parts=STATE_PARTS,   # what to record (others: None)
+               ) -> dict:
     "Run after P: prompt_states' dict, plus out and z at the last token."
     arch = check_model(model)
     cache = prompt_cache(model, P) if cache is None else cache
-    L, rows, last = len(arch.layers), torch.arange(len(split.items)), split.last
+    L, last = len(arch.layers), split.last
+    rows = torch.arange(len(split.items))
     keep, out, z = [dict() for _ in arch.layers], [None] * L, [None] * L
     z_on = 'z' in parts and arch.name.startswith('Llama')
     with torch.no_grad(), ExitStack() as st:
@@ -69,7 +71,8 @@ def icl_states(model,      # a supported transformers model
                 z=torch.stack(z) if z_on else None)
 
 # %% ../nbs/11cb_baselines.ipynb #099263aa
-def first_tokens(split: Split) -> tuple:
+def first_tokens(split: Split,   # a split of encode_task
+                 ) -> tuple:
     "Ids up to the longest query, the rows, and the first answer tokens."
     T = int(split.last.max()) + 2
     rows = torch.arange(len(split.items))
@@ -113,7 +116,8 @@ def pick_layer(model,     # a supported transformers model
                vecs,      # per layer: the vector put there ((L, d) or list)
                mode: str,      # 'replace' (task vector) or 'add'
                layers,         # the candidate layers
-               rows: int = 512) -> tuple:   # runs batched together, at most
+               rows: int = 512,   # runs batched together, at most
+               ) -> tuple:
     "The layer whose edit scores best on `split`, and each layer's score."
     # the queries but their last token run once, cached; then only the last
     # token, once per candidate layer, up to `rows` runs in one batch
@@ -146,7 +150,8 @@ def shuffled_prompt(tok,            # the tokenizer
                     td: TaskData,   # the task
                     template: str,  # its template
                     i: int,         # the calibration query to end with
-                    g: torch.Generator) -> tuple:   # draws the permutation
+                    g: torch.Generator,   # draws the permutation
+                    ) -> tuple:
     "Prompt with permuted demonstration outputs, then calibration query i."
     # returns (ids (1, T), the first answer token): labels never in place
     ys = [y for _, y in td.demos]
@@ -178,7 +183,8 @@ def _head_patch(o_projs, nh, dh, layer_of, head_of, zbar):
 def head_effects(model,     # a Llama-family transformers model
                  prompts,   # [(ids (1, T), target)]: shuffled_prompt's
                  zbar,      # (L, nh, d_h) each head's mean output
-                 chunk: int = 96) -> torch.Tensor:   # heads per batch
+                 chunk: int = 96,   # heads per batch
+                 ) -> torch.Tensor:
     "AIE (L, nh): mean rise of p(target) when a head's last output is zbar."
     o_projs, nh, dh = attention_heads(model)
     L = len(o_projs)
@@ -200,7 +206,8 @@ def head_effects(model,     # a Llama-family transformers model
 def function_vector(model,    # a Llama-family transformers model
                     zbar,     # (L, nh, d_h) each head's mean output
                     aie,      # (L, nh) head_effects
-                    heads: int = 10) -> tuple:   # the top heads summed
+                    heads: int = 10,   # the top heads summed
+                    ) -> tuple:
     "v (d,): the summed mean outputs of the top heads, and those heads."
     o_projs, nh, dh = attention_heads(model)
     top = aie.flatten().topk(min(heads, aie.numel())).indices

@@ -39,7 +39,7 @@ METHODS = (        # floor and ceiling, then the compressions of the prompt
 class CompressConfig(SplitConfig):
     "The protocol: the splits of SplitConfig, and each method's knobs."
     lam: float = 0.1            # thought patch: ridge, relative
-    variants: tuple = ('lstsq_out', 'lstsq_out ridge 1')
+    variants: tuple = ('lstsq_out', 'lstsq_out ridge 1')   # VARIANTS
     heads: int = 10             # function vector: heads summed (Todd: 10)
     n_aie: int = 8              # function vector: corrupted prompts for AIE
     stride: int = 1             # candidate layers of the vectors: every k-th
@@ -76,7 +76,8 @@ def fit_variant(model,            # a supported transformers model
                 name: str,        # in VARIANTS, or 'KIND rrrR'
                 states: dict,     # icl_states of split ('layers')
                 lam: float = 0.1,                 # ridge unless the name's
-                fits: Optional[dict] = None) -> ThoughtPatch:   # fit cache
+                fits: Optional[dict] = None,   # fit cache
+                ) -> ThoughtPatch:
     "The thought-patch variant `name` (VARIANTS, or 'KIND rrrR'), fitted."
     # fits: a cache of the full-rank fits that variants share
     kind, rank, ridge, first, opt = variant(name)
@@ -99,11 +100,11 @@ class Compressed:
     kind: str = ''                     # the thought-patch variant
     layer: Optional[int] = None        # where a vector acts
     vector: Optional[torch.Tensor] = None      # (d,)
-    patch: Optional[ThoughtPatch] = None
+    patch: Optional[ThoughtPatch] = None       # the thought patch
     rank: Optional[int] = None         # rank budget of the patch's matrices
     shift: int = 0                     # prompt length - 1: query positions
     start: int = 0                     # the start token, kept unpatched
-    template: str = TEMPLATE
+    template: str = TEMPLATE           # the demonstrations' template
     info: dict = field(default_factory=dict)   # task, heads, metrics, ...
 
     def numel(self) -> int:
@@ -375,7 +376,8 @@ def evaluate(model,   # a supported transformers model (SmolLM2)
              task,    # a name in TASKS, a JSON file or a list of pairs
              cfg: CompressConfig = None,   # the protocol (default: defaults)
              methods=METHODS,              # the methods to run
-             verbose: bool = False) -> tuple:   # progress bars on stderr
+             verbose: bool = False,   # progress bars on stderr
+             ) -> tuple:
     "Every method under one protocol: (results, {method: Compressed})."
     cfg = cfg or CompressConfig()
     methods = _check_methods(methods)
@@ -403,7 +405,8 @@ def compress(model,   # a supported transformers model (SmolLM2)
              tok,     # its tokenizer
              task,    # a name in TASKS, a JSON file or a list of pairs
              method: str = 'thought_patch',   # one of METHODS[2:]
-             cfg: CompressConfig = None) -> Compressed:   # the protocol
+             cfg: CompressConfig = None,   # the protocol
+             ) -> Compressed:
     "The prompt of `task` compressed by `method`, chosen on validation."
     # runs only what `method` needs, and its test metrics (in c.info)
     if method not in METHODS[2:]:

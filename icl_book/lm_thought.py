@@ -24,7 +24,8 @@ def hook_layers(stack: ExitStack,  # the hooks are removed when it closes
                 ad,                # check_model(model): the family record
                 on_h,      # (l, h): reads the stream h entering layer l
                 on_first,  # (l, j, a): what to add to first matrix j
-                on_last):  # (l, g): what to add to the last matrix
+                on_last,  # (l, g): what to add to the last matrix
+                ):
     "Hooks on all layers, removed when `stack` closes: read h, add to outputs."
     if ad.family.pattern not in ('pre-norm', 'post-LN') or ad.scale != 1:
         raise TypeError(
@@ -43,7 +44,8 @@ def hook_layers(stack: ExitStack,  # the hooks are removed when it closes
 
 # %% ../nbs/11c_lm_thought.ipynb #c00611c
 def pad_batch(seqs,          # K non-empty 1-D id sequences
-              pad: int = 0):  # the id written after each one
+              pad: int = 0,  # the id written after each one
+              ):
     "Right-pad 1-D id sequences: ids (K, T) and a mask (K, T) of real tokens."
     if len(seqs) == 0 or min(len(s) for s in seqs) == 0:
         raise ValueError("pad_batch needs at least one non-empty sequence, "
@@ -66,7 +68,8 @@ def _free_inputs(prompt_ids, ids, keep: int):
 def prompt_states(model,       # a supported transformers model
                   prompt_ids,  # (1, n) the prompt
                   ids,         # (K, T) queries run after it
-                  mask) -> dict:   # (K, T) their real tokens
+                  mask,   # (K, T) their real tokens
+                  ) -> dict:
     "With the prompt: per layer h, a and the last matrix's output y (N, ·)."
     ad = check_model(model)
     (K, T), n = ids.shape, prompt_ids.shape[1]
@@ -105,7 +108,8 @@ def reduced_rank_fit(A: torch.Tensor,   # (K, d) inputs a_k
                      V: torch.Tensor,   # (K, H) targets v_k
                      lam: float = 0.,   # ridge λ (absolute)
                      rank: Optional[int] = None,   # rank budget r of M
-                     bias: bool = True):           # fit β too
+                     bias: bool = True,           # fit β too
+                     ):
     "M (H, d), β minimising Σ‖M a + β − v‖² + λ‖M‖² with rank(M) ≤ r."
     A64, V64 = A.double(), V.double()
     a_bar, v_bar = (A64.mean(0), V64.mean(0)) if bias else (0., 0.)
@@ -124,7 +128,8 @@ def reduced_rank_fit(A: torch.Tensor,   # (K, d) inputs a_k
 
 # %% ../nbs/11c_lm_thought.ipynb #bud1fn
 def patch_numel(tp: ThoughtPatch,               # the patch
-                rank: Optional[int] = None) -> int:  # its matrices' rank
+                rank: Optional[int] = None,  # its matrices' rank
+                ) -> int:
     "Numbers stored: a rank-r matrix (m, n) as r(m + n) when fewer than mn."
     n = 0
     for M in tp.M + tp.M_out:
@@ -143,8 +148,11 @@ def _shapes(model, kind: str) -> list:
         out += ([((H, d), H)] if kind == 'lstsq' else []) + [(last, last[0])]
     return out
 
-def budget_rank(model, budget: int,      # numbers the patch may store
-                kind: str = 'lstsq_out') -> int:
+# %% ../nbs/11c_lm_thought.ipynb #bud1rank
+def budget_rank(model,                   # a supported transformers model
+                budget: int,             # numbers the patch may store
+                kind: str = 'lstsq_out', # 'lstsq' or 'lstsq_out'
+                ) -> int:
     "The largest rank r whose patch of `kind` on every layer fits `budget`."
     if kind not in ('lstsq', 'lstsq_out'):
         raise ValueError(f"a rank budget needs kind 'lstsq' or 'lstsq_out', "
@@ -163,7 +171,8 @@ def budget_rank(model, budget: int,      # numbers the patch may store
 
 # %% ../nbs/11c_lm_thought.ipynb #bud1trunc
 def truncate(tp: ThoughtPatch,         # the patch
-             rank: int) -> ThoughtPatch:  # the rank each matrix keeps
+             rank: int,  # the rank each matrix keeps
+             ) -> ThoughtPatch:
     "tp with every matrix replaced by its best rank-`rank` approximation."
     def cut(M):
         if M is None or rank >= min(M.shape): return M
@@ -173,7 +182,8 @@ def truncate(tp: ThoughtPatch,         # the patch
                         [cut(M) for M in tp.M_out], tp.delta)
 
 def low_rank_factors(M: torch.Tensor,   # (m, n) of rank <= r
-                     r: int) -> list:    # the factors' inner size
+                     r: int,    # the factors' inner size
+                     ) -> list:
     "[A (m, r), B (r, n)] with A @ B = M for M of rank <= r."
     U, s, Vh = torch.linalg.svd(M.double(), full_matrices=False)
     return [(U[:, :r] * s[:r]).to(M.dtype), Vh[:r].to(M.dtype)]
@@ -181,13 +191,15 @@ def low_rank_factors(M: torch.Tensor,   # (m, n) of rank <= r
 # %% ../nbs/11c_lm_thought.ipynb #bud2pr
 def progress(desc: str,        # what the bar says
              total: int,       # its steps
-             on: bool = True):  # False: silent
+             on: bool = True,  # False: silent
+             ):
     "A progress bar on stderr (tqdm, which transformers needs); off: silent."
     from tqdm import tqdm
     return tqdm(total=total, desc=desc, file=sys.stderr, disable=not on)
 
 def check_writable(path,                        # the file to write
-                   what: str = 'the output') -> None:  # named in errors
+                   what: str = 'the output',  # named in errors
+                   ) -> None:
     "Refuse a file path that cannot be written, before any work is done."
     p = Path(path)
     if p.is_dir():
@@ -270,7 +282,8 @@ def fit_thought_patch(model,       # a supported transformers model
                       rank: Optional[int] = None,  # rank-r optimum per fit
                       lam: float = 0.1,   # ridge, relative to inputs' mean²
                       keep: int = 1,      # prompt tokens kept (start token)
-                      states: Optional[dict] = None):  # prompt_states, reused
+                      states: Optional[dict] = None,  # prompt_states, reused
+                      ):
     "Static per-layer patch standing in for the prompt, fitted on ids (K, T)."
     if kind not in THOUGHT_KINDS:
         raise ValueError(f"kind must be one of {THOUGHT_KINDS}, got {kind!r}")
@@ -281,9 +294,10 @@ def fit_thought_patch(model,       # a supported transformers model
                         rank, _ridge(lam))
 
 # %% ../nbs/11c_lm_thought.ipynb #c00911c
-def call_positions(args, kw) -> torch.Tensor:
-    "Absolute positions (B | 1, T) of a call: position_ids, else from the cache."
-    # args, kw: the positional and keyword arguments of the model's call
+def call_positions(args,   # the positional arguments of the model's call
+                   kw,     # its keyword arguments
+                   ) -> torch.Tensor:
+    "Absolute positions (B | 1, T) of a call: position_ids, else the cache."
     pos = kw.get('position_ids')
     if pos is not None: return pos
     x = kw.get('input_ids', args[0] if args else None)
@@ -296,7 +310,8 @@ def split_first(lay,     # a layer record of check_model
                 M,       # (ΣH, d) or None
                 beta,    # (ΣH,) or None
                 a,       # (..., T, d) what the first matrices read
-                sel) -> list:   # a -> (..., T, 1): 1 where the patch acts
+                sel,   # a -> (..., T, 1): 1 where the patch acts
+                ) -> list:
     "What M a + β adds to each first matrix's output (0. when nothing)."
     if M is None and beta is None: return [0.] * len(lay.first)
     out = (a @ M.T if M is not None else 0.) + (beta if beta is not None
@@ -307,7 +322,8 @@ def split_first(lay,     # a layer record of check_model
 def last_add(M_out,    # (d, H) or None
              delta,    # (d,) or None
              g,        # (..., T, H) what the last matrix reads
-             sel):     # g -> (..., T, 1): 1 where the patch acts
+             sel,     # g -> (..., T, 1): 1 where the patch acts
+             ):
     "What M_out g + δ adds to the last matrix's output (0. when nothing)."
     if M_out is None and delta is None: return 0.
     out = (g @ M_out.T if M_out is not None else 0.) + (
@@ -319,7 +335,8 @@ def last_add(M_out,    # (d, H) or None
 def thought_patched(model,             # a supported transformers model
                     tp: ThoughtPatch,  # one part per layer
                     keep: int = 1,     # positions < keep are not patched
-                    shift: int = 0):   # > 0: patched positions moved by it
+                    shift: int = 0,   # > 0: patched positions moved by it
+                    ):
     "Inside, the model runs with the static patch at positions >= `keep`."
     # positions are absolute (cached generation included); shift > 0 also
     # moves every patched position by shift (where the prompt's end would be)
@@ -370,7 +387,8 @@ def teacher_forced(model,        # a supported transformers model
 def compression_metrics(ref,      # (K, T, V) log-probs with the prompt
                         lp,       # (K, T, V) log-probs of a method
                         ids,      # (K, T) the sequences
-                        answer) -> dict:  # (K, T) answer-predicting positions
+                        answer,  # (K, T) answer-predicting positions
+                        ) -> dict:
     "KL(ref || lp) and teacher-forced accuracy on the answer positions."
     kl = (ref.exp() * (ref - lp)).sum(-1)                     # (K, T)
     first = answer & ~torch.cat([answer[:, :1] & False, answer[:, :-1]], 1)
@@ -388,14 +406,16 @@ def layer_output(o):   # a module's output: a tensor or a tuple
 
 def prompt_cache(model,       # a transformers causal LM
                  P,           # (B, n) prompt ids
-                 mask=None):  # (B, n) 1 on real tokens; None: all
+                 mask=None,  # (B, n) 1 on real tokens; None: all
+                 ):
     "The KV cache of the prompts P (B, n), right-padded where mask is 0."
     with torch.no_grad():
         out = model(P, use_cache=True, attention_mask=mask)
     return out.cache if hasattr(out, 'cache') else out.past_key_values
 
 def grown_cache(cache,    # a prompt's cache, batch 1
-                K: int):  # queries it is repeated for
+                K: int,  # queries it is repeated for
+                ):
     "A copy of the prompt's cache for a batch of K queries."
     c = copy.deepcopy(cache)
     if K > 1: c.batch_repeat_interleave(K)
@@ -405,7 +425,8 @@ def grown_cache(cache,    # a prompt's cache, batch 1
 def after_prompt(net,      # the model, or its base (no LM head)
                  n: int,   # the prompt's length
                  cache,    # prompt_cache of the prompt
-                 ids):     # (K, T) the queries
+                 ids,     # (K, T) the queries
+                 ):
     "net (model or base) on ids (K, T) after the cached prompt of length n."
     K, T = ids.shape
     return net(ids, attention_mask=torch.ones(K, n + T, dtype=torch.long,
@@ -417,7 +438,8 @@ def after_prompt(net,      # the model, or its base (no LM head)
 def icl_logprobs(model,       # a transformers causal LM
                  P,           # (1, n) the prompt
                  ids,         # (K, T) queries after it
-                 cache=None) -> torch.Tensor:   # prompt_cache(model, P)
+                 cache=None,   # prompt_cache(model, P)
+                 ) -> torch.Tensor:
     "Log-probs (K, T, V) along ids (K, T) after the prompt P (1, n)."
     cache = prompt_cache(model, P) if cache is None else cache
     with torch.no_grad():
@@ -430,7 +452,8 @@ def stream_edit(model,                 # a supported transformers model
                 layer: int,            # the stream after this layer
                 vec: torch.Tensor,     # (d,) the vector
                 mode: str = 'replace',         # or 'add'
-                at: Optional[torch.Tensor] = None):  # (K,) positions
+                at: Optional[torch.Tensor] = None,  # (K,) positions
+                ):
     "Replace or add to the stream after `layer` at (K,) positions `at`."
     # at None: the last position of a call without a cache (generation)
     if mode not in ('replace', 'add'):
@@ -466,7 +489,8 @@ def stream_edit(model,                 # a supported transformers model
 def free_logprobs(model,        # a transformers causal LM
                   start: int,   # the start token, run first
                   ids,          # (K, T) queries (+ answers)
-                  edit=None) -> torch.Tensor:   # a stream_edit, see below
+                  edit=None,   # a stream_edit, see below
+                  ) -> torch.Tensor:
     "Log-probs (K, T, V) along ids after the start token alone."
     # edit: (layer, vec (d,), 'replace' | 'add', positions (K,) in ids)
     K = ids.shape[0]

@@ -121,12 +121,14 @@ class TaskData(NamedTuple):
 
 # %% ../nbs/11ca_task_suite.ipynb #ts12
 def token_ids(tok,          # a transformers tokenizer (or CharTokenizer)
-              text: str) -> list:
+              text: str,    # the text
+              ) -> list:
     "The ids of text, without special tokens."
     return list(tok(text, add_special_tokens=False).input_ids)
 
 def demo_text(pairs,                    # (input, output) pairs
-              template: str = TEMPLATE) -> str:
+              template: str = TEMPLATE,   # one demonstration
+              ) -> str:
     "The demonstrations in the template, each followed by a blank line."
     q, sep = template_parts(template)
     return ''.join(q.replace('{input}', x) + sep + y + '\n\n'

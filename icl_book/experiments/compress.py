@@ -23,7 +23,8 @@ def read_bench(path,   # a JSON-lines file of bench/compression.py
             if s.strip()]
 
 def plot_methods(rows,             # read_bench's lines
-                 methods=METHODS) -> 'matplotlib.figure.Figure':
+                 methods=METHODS,  # the bars of each task
+                 ) -> 'matplotlib.figure.Figure':
     "Figure: first-token accuracy per task and method, mean and spread."
     set_style()
     tasks = list(dict.fromkeys(r['task'] for r in rows))
