@@ -85,6 +85,7 @@ def test_thought_patched_equals_teacher_forced_and_cleans_up(setup):
             raise RuntimeError("boom")
     with torch.no_grad():
         assert torch.equal(model(x).logits, before)       # hooks removed
+    assert not model.model._forward_pre_hooks         # the base's too
     short = type(tp)(tp.M[:2], tp.beta[:2], tp.M_out[:2], tp.delta[:2])
     with pytest.raises(ValueError, match="the patch has 2 layers"):
         with thought_patched(model, short):
