@@ -5,6 +5,7 @@
 # %% ../nbs/11cb_baselines.ipynb #bl02
 from __future__ import annotations
 from contextlib import ExitStack, contextmanager
+from typing import Optional
 import torch
 from .hf_checks import check_model
 from .lm_thought import (prompt_cache, grown_cache, after_prompt,
@@ -12,8 +13,8 @@ from .lm_thought import (prompt_cache, grown_cache, after_prompt,
 from .task_suite import Split, TaskData, demo_text, token_ids
 
 # %% auto #0
-__all__ = ['STATE_PARTS', 'attention_heads', 'icl_states', 'first_tokens', 'first_token_scores', 'task_vectors', 'pick_layer',
-           'shuffled_prompt', 'head_effects', 'function_vector']
+__all__ = ['STATE_PARTS', 'attention_heads', 'icl_states', 'stream_edit', 'free_logprobs', 'first_tokens', 'first_token_scores',
+           'task_vectors', 'pick_layer', 'shuffled_prompt', 'head_effects', 'function_vector']
 
 # %% ../nbs/11cb_baselines.ipynb #07a6831a
 def attention_heads(model,   # a Llama-family transformers model
@@ -69,6 +70,64 @@ def icl_states(model,      # a supported transformers model
     return dict(layers=keep if 'layers' in parts else None, n=P.shape[1],
                 out=torch.stack(out) if 'out' in parts else None,
                 z=torch.stack(z) if z_on else None)
+
+# %% ../nbs/11cb_baselines.ipynb #mv2edit
+@contextmanager
+def stream_edit(model,                 # a supported transformers model
+                layer: int,            # the stream after this layer
+                vec: torch.Tensor,     # (d,) the vector
+                mode: str = 'replace',         # or 'add'
+                at: Optional[torch.Tensor] = None,  # (K,) positions
+                ):
+    "Replace or add to the stream after `layer` at (K,) positions `at`."
+    # at None: the last position of a call without a cache (generation)
+    if mode not in ('replace', 'add'):
+        raise ValueError(f"mode must be 'replace' or 'add', got {mode!r}")
+    arch = check_model(model)
+    if not 0 <= layer < len(arch.layers):
+        raise ValueError(f"layer must be in 0..{len(arch.layers) - 1}, got "
+                         f"{layer}")
+    state = dict(fresh=True)
+
+    def pre(m, args, kw):
+        c = kw.get('cache', kw.get('past_key_values'))
+        state['fresh'] = c is None or c.get_seq_length() == 0
+
+    def hook(m, args, o):
+        h = layer_output(o)
+        if at is None and not state['fresh']: return o
+        pos = (torch.full((h.shape[0],), h.shape[1] - 1) if at is None
+               else at).to(h.device)
+        rows, v = torch.arange(h.shape[0], device=h.device), vec.to(h)
+        h = h.clone()
+        h[rows, pos] = v if mode == 'replace' else h[rows, pos] + v
+        return (h,) + tuple(o[1:]) if isinstance(o, tuple) else h
+
+    with ExitStack() as st:
+        st.callback(arch.base.register_forward_pre_hook(
+            pre, with_kwargs=True).remove)
+        st.callback(arch.layers[layer].block.register_forward_hook(
+            hook).remove)
+        yield model
+
+# %% ../nbs/11cb_baselines.ipynb #mv2free
+def free_logprobs(model,        # a transformers causal LM
+                  start: int,   # the start token, run first
+                  ids,          # (K, T) queries (+ answers)
+                  edit=None,   # a stream_edit, see below
+                  ) -> torch.Tensor:
+    "Log-probs (K, T, V) along ids after the start token alone."
+    # edit: (layer, vec (d,), 'replace' | 'add', positions (K,) in ids)
+    K = ids.shape[0]
+    x = torch.cat([torch.full((K, 1), start, dtype=ids.dtype,
+                              device=ids.device), ids], 1)
+    with torch.no_grad(), ExitStack() as st:
+        if edit is not None:
+            l, v, mode, at = edit
+            st.enter_context(stream_edit(model, l, v, mode, at + 1))
+        lp = model(x, attention_mask=torch.ones_like(x), use_cache=False
+                   ).logits[:, 1:].log_softmax(-1)
+    return lp
 
 # %% ../nbs/11cb_baselines.ipynb #099263aa
 def first_tokens(split: Split,   # a split of encode_task

@@ -17,14 +17,14 @@ from .hf_checks import check_model
 from .lm_thought import (
     fit_thought_patch, teacher_forced, thought_patched, compression_metrics,
     patch_numel, budget_rank, progress, prompt_cache, icl_logprobs,
-    stream_edit, free_logprobs, check_writable, truncate, low_rank_factors)
+    check_writable, truncate, low_rank_factors)
 from .task_suite import (    # load_task: also importable from here
     TASKS, TEMPLATE, task_file, load_task, SplitConfig, Split, TaskData,
     encode_task, template_parts, token_ids)
-from icl_book.baselines import (
+from .baselines import (
     icl_states, attention_heads, task_vectors, first_tokens,
     first_token_scores, pick_layer, shuffled_prompt, head_effects,
-    function_vector)
+    function_vector, stream_edit, free_logprobs)
 
 # %% auto #0
 __all__ = ['METHODS', 'VARIANTS', 'CompressConfig', 'variant', 'fit_variant', 'Compressed', 'kv_numel', 'evaluate', 'compress',

@@ -17,7 +17,7 @@ from .hf_checks import check_model
 __all__ = ['THOUGHT_KINDS', 'hook_layers', 'pad_batch', 'prompt_states', 'reduced_rank_fit', 'patch_numel', 'budget_rank',
            'truncate', 'low_rank_factors', 'progress', 'check_writable', 'fit_thought_patch', 'call_positions',
            'split_first', 'last_add', 'thought_patched', 'teacher_forced', 'compression_metrics', 'layer_output',
-           'prompt_cache', 'grown_cache', 'after_prompt', 'icl_logprobs', 'stream_edit', 'free_logprobs']
+           'prompt_cache', 'grown_cache', 'after_prompt', 'icl_logprobs']
 
 # %% ../nbs/11c_lm_thought.ipynb #9edfa37e
 def hook_layers(stack: ExitStack,  # the hooks are removed when it closes
@@ -445,61 +445,3 @@ def icl_logprobs(model,       # a transformers causal LM
     with torch.no_grad():
         out = after_prompt(model, P.shape[1], cache, ids)
     return out.logits.log_softmax(-1)
-
-# %% ../nbs/11c_lm_thought.ipynb #mv2edit
-@contextmanager
-def stream_edit(model,                 # a supported transformers model
-                layer: int,            # the stream after this layer
-                vec: torch.Tensor,     # (d,) the vector
-                mode: str = 'replace',         # or 'add'
-                at: Optional[torch.Tensor] = None,  # (K,) positions
-                ):
-    "Replace or add to the stream after `layer` at (K,) positions `at`."
-    # at None: the last position of a call without a cache (generation)
-    if mode not in ('replace', 'add'):
-        raise ValueError(f"mode must be 'replace' or 'add', got {mode!r}")
-    arch = check_model(model)
-    if not 0 <= layer < len(arch.layers):
-        raise ValueError(f"layer must be in 0..{len(arch.layers) - 1}, got "
-                         f"{layer}")
-    state = dict(fresh=True)
-
-    def pre(m, args, kw):
-        c = kw.get('cache', kw.get('past_key_values'))
-        state['fresh'] = c is None or c.get_seq_length() == 0
-
-    def hook(m, args, o):
-        h = layer_output(o)
-        if at is None and not state['fresh']: return o
-        pos = (torch.full((h.shape[0],), h.shape[1] - 1) if at is None
-               else at).to(h.device)
-        rows, v = torch.arange(h.shape[0], device=h.device), vec.to(h)
-        h = h.clone()
-        h[rows, pos] = v if mode == 'replace' else h[rows, pos] + v
-        return (h,) + tuple(o[1:]) if isinstance(o, tuple) else h
-
-    with ExitStack() as st:
-        st.callback(arch.base.register_forward_pre_hook(
-            pre, with_kwargs=True).remove)
-        st.callback(arch.layers[layer].block.register_forward_hook(
-            hook).remove)
-        yield model
-
-# %% ../nbs/11c_lm_thought.ipynb #mv2free
-def free_logprobs(model,        # a transformers causal LM
-                  start: int,   # the start token, run first
-                  ids,          # (K, T) queries (+ answers)
-                  edit=None,   # a stream_edit, see below
-                  ) -> torch.Tensor:
-    "Log-probs (K, T, V) along ids after the start token alone."
-    # edit: (layer, vec (d,), 'replace' | 'add', positions (K,) in ids)
-    K = ids.shape[0]
-    x = torch.cat([torch.full((K, 1), start, dtype=ids.dtype,
-                              device=ids.device), ids], 1)
-    with torch.no_grad(), ExitStack() as st:
-        if edit is not None:
-            l, v, mode, at = edit
-            st.enter_context(stream_edit(model, l, v, mode, at + 1))
-        lp = model(x, attention_mask=torch.ones_like(x), use_cache=False
-                   ).logits[:, 1:].log_softmax(-1)
-    return lp

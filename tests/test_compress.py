@@ -24,8 +24,9 @@ from icl_book import baselines as B  # noqa: E402
 from icl_book import compress as C  # noqa: E402
 from icl_book import task_suite as T  # noqa: E402
 from icl_book.families import tiny_model  # noqa: E402
-from icl_book.lm_thought import (free_logprobs, icl_logprobs,  # noqa: E402
-                                 prompt_states, stream_edit, teacher_forced)
+from icl_book.baselines import free_logprobs, stream_edit  # noqa: E402
+from icl_book.lm_thought import (icl_logprobs, prompt_states,  # noqa: E402
+                                 teacher_forced)
 from icl_book.weights import missing  # noqa: E402
 
 
@@ -545,3 +546,13 @@ def test_icl_states_records_only_the_parts_asked_for(tiny, td):
     assert lay["out"] is None and lay["z"] is None
     for a, b in zip(lay["layers"], full["layers"]):
         assert all(torch.equal(a[k], b[k]) for k in "hay")
+
+
+def test_stream_edit_refuses_bad_mode_and_layer(tiny):
+    v = torch.zeros(32, dtype=torch.float64)
+    with pytest.raises(ValueError, match="mode must be"):
+        with stream_edit(tiny, 0, v, "multiply"):
+            pass
+    with pytest.raises(ValueError, match="layer must be in 0..3"):
+        with stream_edit(tiny, 4, v):
+            pass

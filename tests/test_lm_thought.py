@@ -1,6 +1,6 @@
 """The thought-patch toolbox on a real model's code path (icl_book.lm_thought),
 tested directly: padding, the metrics, the closed-loop fit, applying a patch,
-rank budgets, stream edits. A tiny random Llama in float64 stands in for
+and rank budgets. A tiny random Llama in float64 stands in for
 SmolLM2; no weights are downloaded.
 """
 import pytest
@@ -12,8 +12,8 @@ pytest.importorskip("transformers", reason="the hf extra is not installed: "
 from icl_book.families import tiny_model  # noqa: E402
 from icl_book.lm_thought import (  # noqa: E402
     budget_rank, compression_metrics, fit_thought_patch, pad_batch,
-    patch_numel, prompt_states, reduced_rank_fit, stream_edit,
-    teacher_forced, thought_patched)
+    patch_numel, prompt_states, reduced_rank_fit, teacher_forced,
+    thought_patched)
 from icl_book.thought import fit_linear_patch  # noqa: E402
 
 
@@ -109,13 +109,3 @@ def test_rank_budget_and_reduced_rank_fit(setup):
                          fit_linear_patch(A, V, 0.3, bias=True)):
         assert (got - want).abs().max() < 1e-12
 
-
-def test_stream_edit_refuses_bad_mode_and_layer(setup):
-    model = setup[0]
-    v = torch.zeros(32, dtype=torch.float64)
-    with pytest.raises(ValueError, match="mode must be"):
-        with stream_edit(model, 0, v, "multiply"):
-            pass
-    with pytest.raises(ValueError, match="layer must be in 0..2"):
-        with stream_edit(model, 3, v):
-            pass
