@@ -23,7 +23,8 @@ from pathlib import Path
 
 import torch
 
-from icl_book.compress import METHODS, TASKS, CompressConfig, evaluate
+from icl_book.compress import METHODS, CompressConfig, evaluate
+from icl_book.task_suite import TASKS
 from icl_book.weights import load_pretrained
 
 # the variants the committed rows were run with (three full-rank fits, ranks

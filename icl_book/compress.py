@@ -4,350 +4,48 @@
 
 # %% ../nbs/11d_compress.ipynb #afc62307
 from __future__ import annotations
-import argparse, copy, json, os, sys, time
-from contextlib import ExitStack, contextmanager
+import argparse, os, sys, time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import NamedTuple, Optional
+from typing import Optional
 import torch
 from .core import check_int
 from .thought import ThoughtPatch
 from .weights import load_pretrained
-from .hf import check_model
+from .hf_checks import check_model
 from .lm_thought import (
-    pad_batch, fit_thought_patch, teacher_forced, thought_patched,
-    compression_metrics, patch_numel, budget_rank, progress, layer_output,
-    prompt_cache, grown_cache, after_prompt, icl_logprobs, stream_edit,
-    free_logprobs, read_bench, plot_methods, plot_storage, METHODS,
+    fit_thought_patch, teacher_forced, thought_patched, compression_metrics,
+    patch_numel, budget_rank, progress, prompt_cache, icl_logprobs,
     check_writable, truncate, low_rank_factors)
+from .task_suite import (    # load_task: also importable from here
+    TASKS, TEMPLATE, task_file, load_task, SplitConfig, Split, TaskData,
+    encode_task, template_parts, token_ids)
+from .baselines import (
+    icl_states, attention_heads, task_vectors, first_tokens,
+    first_token_scores, pick_layer, shuffled_prompt, head_effects,
+    function_vector, stream_edit, free_logprobs)
 
 # %% auto #0
-__all__ = ['TASKS', 'TEMPLATE', 'VARIANTS', 'task_file', 'load_task', 'CompressConfig', 'Split', 'TaskData', 'demo_text',
-           'encode_task', 'icl_states', 'pick_layer', 'head_effects', 'function_vector', 'variant', 'fit_variant',
-           'Compressed', 'evaluate', 'compress', 'run_compress', 'add_compress_parser']
+__all__ = ['METHODS', 'VARIANTS', 'CompressConfig', 'variant', 'fit_variant', 'Compressed', 'kv_numel', 'evaluate', 'compress',
+           'run_compress', 'add_compress_parser']
 
-# %% ../nbs/11d_compress.ipynb #e3aedd5c
-TASKS = ('antonym', 'capitalize', 'country-capital', 'english-french',
-         'landmark-country', 'person-occupation', 'present-past',
-         'product-company', 'singular-plural')
-TEMPLATE = 'Q: {input}\nA: {output}'
-_FORMAT = 'a JSON list of {"input": "cat", "output": "cats"} objects'
+# %% ../nbs/11d_compress.ipynb #cf1cfg
+METHODS = (        # floor and ceiling, then the compressions of the prompt
+    'zero_shot', 'icl', 'task_vector', 'function_vector',
+    'thought_patch', 'thought_vector')
 
-def task_file(name: str) -> Path:
-    "The packaged JSON file of the built-in task `name`."
-    if name not in TASKS:
-        raise ValueError(f"unknown task {name!r}; built-in tasks: {TASKS}")
-    from importlib.resources import files
-    return Path(str(files('icl_book'))) / 'data' / 'tasks' / f'{name}.json'
-
-def _read(task):
-    "The raw data of a task name, path or list, and what to call it."
-    if isinstance(task, (list, tuple)): return list(task), 'the task'
-    if not isinstance(task, (str, Path)):
-        raise TypeError(f"a task is a built-in name, a path or a list of "
-                        f"pairs, got {type(task).__name__}")
-    path = task_file(task) if str(task) in TASKS else Path(task)
-    if not path.is_file():
-        raise ValueError(f"task file {str(path)!r} does not exist: give "
-                         f"{_FORMAT}, or one of the built-in tasks {TASKS}")
-    try: return json.loads(path.read_text(encoding='utf-8')), str(path)
-    except (ValueError, UnicodeDecodeError) as e:
-        raise ValueError(f"task file {str(path)!r} is not valid UTF-8 JSON "
-                         f"({e}); it must be {_FORMAT}") from None
-
-def load_task(task) -> list:
-    "(input, output) pairs of a task: a name in TASKS, a JSON file or a list."
-    data, where = _read(task)
-    if not isinstance(data, list) or not data:
-        raise ValueError(f"{where} must be {_FORMAT}, got "
-                         f"{type(data).__name__}"
-                         + (' (empty)' if isinstance(data, list) else ''))
-    pairs, seen = [], {}
-    for i, ex in enumerate(data):
-        if not isinstance(ex, dict) or not {'input', 'output'} <= set(ex):
-            raise ValueError(f"{where}: item {i} is {str(ex)[:60]!r}, not an "
-                             f"object with 'input' and 'output'; it must be "
-                             f"{_FORMAT}")
-        x, y = ex['input'], ex['output']
-        if not (isinstance(x, str) and isinstance(y, str)
-                and x.strip() and y.strip()):
-            raise ValueError(f"{where}: item {i} has input {x!r} and output "
-                             f"{y!r}; both must be non-empty strings")
-        if x.strip() in seen:
-            raise ValueError(f"{where}: item {i} repeats the input {x!r} of "
-                             f"item {seen[x.strip()]}; remove duplicates (a "
-                             f"query that is also a demonstration is no test)")
-        seen[x.strip()] = i
-        pairs.append((x.strip(), y.strip()))
-    return pairs
-
-# %% ../nbs/11d_compress.ipynb #19388530
 @dataclass
-class CompressConfig:
-    "The protocol: demonstrations, splits, and each method's knobs."
-    shots: int = 10             # demonstrations in the in-context prompt
-    n_cal: int = 64             # calibration queries (means, fits)
-    n_val: int = 16             # validation queries (layers, variants)
-    n_test: int = 50            # held-out test queries
-    seed: int = 0               # shuffles the task before it is split
-    template: str = TEMPLATE    # one demonstration; the query ends before it
+class CompressConfig(SplitConfig):
+    "The protocol: the splits of SplitConfig, and each method's knobs."
     lam: float = 0.1            # thought patch: ridge, relative
-    variants: tuple = ('lstsq_out', 'lstsq_out ridge 1')
+    variants: tuple = ('lstsq_out', 'lstsq_out ridge 1')   # VARIANTS
     heads: int = 10             # function vector: heads summed (Todd: 10)
     n_aie: int = 8              # function vector: corrupted prompts for AIE
     stride: int = 1             # candidate layers of the vectors: every k-th
     rank: Optional[int] = None  # thought patch: this rank only (optimal)
     budget: Optional[int] = None    # ... or the largest rank fitting this
     max_tokens: int = 2048      # prompt + longest query: refused beyond
-
-def _template(t: str):
-    "The query template and the text between the query and the answer."
-    ok = (isinstance(t, str) and t.count('{input}') == 1
-          and t.count('{output}') == 1 and t.endswith('{output}'))
-    if not ok:
-        raise ValueError(f"the template must contain '{{input}}' once and end "
-                         f"with '{{output}}', like {TEMPLATE!r}; got {t!r}")
-    q = t[:-len('{output}')]
-    return (q[:-1], ' ') if q.endswith(' ') else (q, '')
-
-# %% ../nbs/11d_compress.ipynb #bcc81393
-class Split(NamedTuple):
-    "One part of a task, tokenised: query + answer ids, right-padded."
-    items: list                 # (input, output) pairs
-    ids: torch.Tensor           # (K, T) query then answer tokens
-    mask: torch.Tensor          # (K, T) real tokens
-    answer: torch.Tensor        # (K, T) positions predicting an answer token
-    last: torch.Tensor          # (K,) the query's last token
-
-class TaskData(NamedTuple):
-    "A task under the protocol: prompt ids and the three query splits."
-    prompt: torch.Tensor        # (1, n): start token, then the demonstrations
-    start: int                  # the start token, kept in every run
-    demos: list                 # the k demonstration pairs
-    cal: Split
-    val: Split
-    test: Split
-
-def _ids(tok, text: str) -> list:
-    return list(tok(text, add_special_tokens=False).input_ids)
-
-def demo_text(pairs, template: str = TEMPLATE) -> str:
-    "The demonstrations in the template, each followed by a blank line."
-    q, sep = _template(template)
-    return ''.join(q.replace('{input}', x) + sep + y + '\n\n'
-                   for x, y in pairs)
-
-def _encode(tok, pairs, template, start, what) -> Split:
-    q, sep = _template(template)
-    seqs, spans = [], []
-    for x, y in pairs:
-        qi, ai = _ids(tok, q.replace('{input}', x)), _ids(tok, sep + y)
-        if not ai or not qi:
-            raise ValueError(f"{what} item ({x!r}, {y!r}): the "
-                             f"{'output' if not ai else 'query'} tokenises "
-                             f"to nothing; remove it or change the template")
-        seqs.append(qi + ai); spans.append((len(qi) - 1, len(qi + ai) - 1))
-    ids, mask = pad_batch(seqs, pad=start)
-    answer = torch.zeros_like(mask)
-    for i, (s, e) in enumerate(spans): answer[i, s:e] = True
-    return Split(list(pairs), ids, mask, answer,
-                 torch.tensor([s for s, _ in spans]))
-
-# %% ../nbs/11d_compress.ipynb #52c6aa23
-def _start_token(tok) -> int:
-    for t in (getattr(tok, 'bos_token_id', None),
-              getattr(tok, 'eos_token_id', None)):
-        if t is not None: return int(t)
-    raise ValueError("the tokenizer has neither a bos nor an eos token; pass "
-                     "start= to encode_task")
-
-def encode_task(tok, task, cfg: CompressConfig = None,
-                start: Optional[int] = None) -> TaskData:
-    "Shuffle `task` with cfg.seed; demonstrations, calibration, val., test."
-    cfg = cfg or CompressConfig()
-    pairs = load_task(task)
-    sizes = dict(shots=cfg.shots, calibration=cfg.n_cal,
-                 validation=cfg.n_val, test=cfg.n_test)
-    for k, v in sizes.items():
-        if not isinstance(v, int) or v < (2 if k in ('shots', 'calibration')
-                                          else 1):
-            raise ValueError(f"{k} must be an integer >= "
-                             f"{2 if k in ('shots', 'calibration') else 1}, "
-                             f"got {v!r}")
-    need = sum(sizes.values())
-    if len(pairs) < need:
-        raise ValueError(
-            f"the task has {len(pairs)} examples, but {cfg.shots} shots + "
-            f"{cfg.n_cal} calibration + {cfg.n_val} validation + "
-            f"{cfg.n_test} test = {need} are asked for: lower --shots, "
-            f"--calibration, --validation or --test, or add examples")
-    g = torch.Generator().manual_seed(cfg.seed)
-    order = [pairs[i] for i in torch.randperm(len(pairs), generator=g)]
-    start = _start_token(tok) if start is None else start
-    cuts, parts, at = [cfg.shots, cfg.n_cal, cfg.n_val, cfg.n_test], [], 0
-    for c in cuts: parts.append(order[at:at + c]); at += c
-    demos = parts[0]
-    P = torch.tensor([[start] + _ids(tok, demo_text(demos, cfg.template))])
-    return TaskData(P, start, demos,
-                    *(_encode(tok, p, cfg.template, start, w) for p, w in
-                      zip(parts[1:], ('calibration', 'validation', 'test'))))
-
-# %% ../nbs/11d_compress.ipynb #07a6831a
-def _heads(model):
-    "Each layer's attention output projection, heads and head size."
-    arch = check_model(model)
-    if not arch.name.startswith('Llama'):
-        raise TypeError(f"function vectors read each attention head's output "
-                        f"before o_proj, implemented for Llama-family models "
-                        f"(SmolLM2); got a {arch.name}")
-    c = model.config
-    nh = c.num_attention_heads
-    dh = getattr(c, 'head_dim', None) or c.hidden_size // nh
-    return [lay.block.self_attn.o_proj for lay in arch.layers], nh, dh
-
-def icl_states(model, P, split: Split, cache=None) -> dict:
-    "Run after P: prompt_states' dict, plus out and z at the last token."
-    arch = check_model(model)
-    cache = prompt_cache(model, P) if cache is None else cache
-    L, K = len(arch.layers), split.ids.shape[0]
-    rows, last = torch.arange(K), split.last
-    keep = [dict() for _ in arch.layers]
-    out, z = [None] * L, [None] * L
-    pick = lambda t: t[split.mask]                      # (N, ·) real tokens
-    store = lambda k, key, t: k.__setitem__(key, pick(t))
-    o_projs = _heads(model)[0] if arch.name.startswith('Llama') else None
-    with torch.no_grad(), ExitStack() as st:
-        for l, (k, lay) in enumerate(zip(keep, arch.layers)):
-            h_at = lay.norm if lay.norm is not None else lay.first[0]
-            for key, mod in (('h', h_at), ('a', lay.first[0])):
-                st.callback(mod.register_forward_pre_hook(
-                    lambda m, x, k=k, key=key: store(k, key, x[0])).remove)
-            st.callback(lay.last.register_forward_hook(
-                lambda m, x, o, k=k: store(k, 'y', o)).remove)
-            st.callback(lay.block.register_forward_hook(
-                lambda m, x, o, l=l: out.__setitem__(
-                    l, layer_output(o)[rows, last])).remove)
-            if o_projs is not None:
-                st.callback(o_projs[l].register_forward_pre_hook(
-                    lambda m, x, l=l: z.__setitem__(
-                        l, x[0][rows, last])).remove)
-        after_prompt(arch.base, P.shape[1], cache, split.ids)
-    return dict(layers=keep, n=P.shape[1], out=torch.stack(out),
-                z=None if o_projs is None else torch.stack(z))
-
-# %% ../nbs/11d_compress.ipynb #099263aa
-def _first_scores(lp1, ref1, target) -> tuple:
-    "Validation score: first-token accuracy, then -KL(ref || lp)."
-    acc = (lp1.argmax(-1) == target).double().mean().item()
-    kl = (ref1.exp() * (ref1 - lp1)).sum(-1).mean().item()
-    return acc, -kl
-
-def _firsts(split: Split):
-    "Ids up to the longest query, the rows and the first answer tokens."
-    T = int(split.last.max()) + 2
-    rows = torch.arange(len(split.items))
-    return split.ids[:, :T], rows, split.ids[rows, split.last + 1]
-
-# %% ../nbs/11d_compress.ipynb #pl0fast
-@contextmanager
-def _rows_edit(arch, lay_of, vecs, mode: str):
-    "Row r's last position after layer lay_of[r]: replaced by / plus vec."
-    def hook(o, l):
-        idx = (lay_of == l).nonzero().flatten()
-        h = layer_output(o).clone()
-        v = vecs[l].to(h)
-        h[idx, -1] = v if mode == 'replace' else h[idx, -1] + v
-        return (h,) + tuple(o[1:]) if isinstance(o, tuple) else h
-    with ExitStack() as st:
-        for l in lay_of.unique().tolist():
-            st.callback(arch.layers[l].block.register_forward_hook(
-                lambda m, a, o, l=l: hook(o, l)).remove)
-        yield
-
-# %% ../nbs/11d_compress.ipynb #pl0pick
-def pick_layer(model, start, split: Split, ref1, vecs, mode: str,
-               layers, rows: int = 512) -> tuple:
-    "The layer whose edit scores best on `split`, and each layer's score."
-    # the queries but their last token run once, cached; then only the last
-    # token, once per candidate layer, up to `rows` runs in one batch
-    arch, (K, last), layers = check_model(model), (len(split.items),
-                                                   split.last), list(layers)
-    x = torch.full((K, int(last.max()) + 1), start, dtype=torch.long)
-    m = torch.zeros_like(x)
-    for i in range(K):
-        x[i, 1:last[i] + 1], m[i, :last[i] + 1] = split.ids[i, :last[i]], 1
-    cache, ar = prompt_cache(model, x, m), torch.arange(K)
-    q, target = split.ids[ar, last], split.ids[ar, last + 1]
-    scores, per = {}, max(1, rows // K)
-    for s in range(0, len(layers), per):
-        ls = torch.tensor(layers[s:s + per])
-        C = len(ls)
-        att = torch.cat([m, torch.ones(K, 1, dtype=torch.long)], 1)
-        with torch.no_grad(), _rows_edit(arch, ls.repeat(K), vecs, mode):
-            lp = model(q.repeat_interleave(C)[:, None],
-                       cache=grown_cache(cache, C),
-                       attention_mask=att.repeat_interleave(C, 0),
-                       position_ids=(last + 1).repeat_interleave(C)[:, None],
-                       use_cache=True).logits[:, -1].log_softmax(-1)
-        for j, l in enumerate(ls.tolist()):
-            scores[l] = _first_scores(lp.view(K, C, -1)[:, j], ref1, target)
-    return max(scores, key=scores.get), scores
-
-# %% ../nbs/11d_compress.ipynb #85f789ba
-def _shuffled(tok, td: TaskData, template: str, i: int, g):
-    "Prompt with permuted demonstration outputs, then calibration query i."
-    ys = [y for _, y in td.demos]
-    perm = torch.randperm(len(ys), generator=g)
-    while len(ys) > 1 and bool((perm == torch.arange(len(ys))).all()):
-        perm = torch.randperm(len(ys), generator=g)
-    demos = [(x, ys[p]) for (x, _), p in zip(td.demos, perm.tolist())]
-    q = td.cal.ids[i, :td.cal.last[i] + 1].tolist()
-    ids = [td.start] + _ids(tok, demo_text(demos, template)) + q
-    return torch.tensor([ids]), int(td.cal.ids[i, td.cal.last[i] + 1])
-
-@contextmanager
-def _head_patch(o_projs, nh, dh, layer_of, head_of, zbar):
-    "Row r: head head_of[r] of layer layer_of[r] set to zbar, last token."
-    def hook(m, args, l):
-        idx = (layer_of == l).nonzero().flatten()
-        if len(idx) == 0: return None
-        x = args[0].clone()                               # (R, T, nh * dh)
-        x4 = x.view(*x.shape[:2], nh, dh)
-        x4[idx, -1, head_of[idx]] = zbar[l, head_of[idx]].to(x)
-        return (x,) + tuple(args[1:])
-    with ExitStack() as st:
-        for l, m in enumerate(o_projs):
-            st.callback(m.register_forward_pre_hook(
-                lambda m, a, l=l: hook(m, a, l)).remove)
-        yield
-
-def head_effects(model, prompts, zbar, chunk: int = 96) -> torch.Tensor:
-    "AIE (L, nh): mean rise of p(target) when a head's last output is zbar."
-    o_projs, nh, dh = _heads(model)
-    L = len(o_projs)
-    cand = torch.cartesian_prod(torch.arange(L), torch.arange(nh))
-    aie = torch.zeros(L, nh, dtype=torch.float64)
-    with torch.no_grad():
-        for ids, target in prompts:
-            T = ids.shape[1]
-            c = prompt_cache(model, ids[:, :-1])
-            run = lambda R: after_prompt(model, T - 1, c, ids[:, -1:].expand(
-                R, 1)).logits[:, -1].softmax(-1)[:, target].double()
-            base = run(1)[0]
-            for s in range(0, len(cand), chunk):
-                lh = cand[s:s + chunk]
-                with _head_patch(o_projs, nh, dh, lh[:, 0], lh[:, 1], zbar):
-                    aie[lh[:, 0], lh[:, 1]] += run(len(lh)) - base
-    return aie / len(prompts)
-
-def function_vector(model, zbar, aie, heads: int = 10):
-    "v (d,): the summed mean outputs of the top heads, and those heads."
-    o_projs, nh, dh = _heads(model)
-    top = aie.flatten().topk(min(heads, aie.numel())).indices
-    A = [(int(i) // nh, int(i) % nh) for i in top]
-    v = sum(o_projs[l].weight[:, j * dh:(j + 1) * dh] @ zbar[l, j].to(
-        o_projs[l].weight) for l, j in A)
-    return v.detach(), A
 
 # %% ../nbs/11d_compress.ipynb #dcee3bc7
 VARIANTS = {            # name: (kind, rank, ridge or None = cfg.lam, first)
@@ -361,7 +59,8 @@ VARIANTS = {            # name: (kind, rank, ridge or None = cfg.lam, first)
     'first': ('lstsq', None, None, True),
     'thought vector': ('bias', None, None, False)}
 
-def variant(name: str) -> tuple:
+def variant(name: str,   # in VARIANTS, or 'KIND rrrR'
+            ) -> tuple:
     "(kind, rank, ridge, first, optimal): 'KIND rrrR' is the rank-R optimum."
     kind, _, r = name.partition(' rrr')
     if name in VARIANTS: return VARIANTS[name] + (False,)
@@ -370,8 +69,15 @@ def variant(name: str) -> tuple:
     raise ValueError(f"unknown variant {name!r}; known: {list(VARIANTS)}, "
                      f"or 'lstsq_out rrrR' / 'lstsq rrrR' (rank R >= 1)")
 
-def fit_variant(model, P, split: Split, name: str, states: dict,
-                lam: float = 0.1, fits: Optional[dict] = None) -> ThoughtPatch:
+# %% ../nbs/11d_compress.ipynb #dcee3bc8
+def fit_variant(model,            # a supported transformers model
+                P,                # (1, n) the prompt
+                split: Split,     # the calibration queries
+                name: str,        # in VARIANTS, or 'KIND rrrR'
+                states: dict,     # icl_states of split ('layers')
+                lam: float = 0.1,                 # ridge unless the name's
+                fits: Optional[dict] = None,   # fit cache
+                ) -> ThoughtPatch:
     "The thought-patch variant `name` (VARIANTS, or 'KIND rrrR'), fitted."
     # fits: a cache of the full-rank fits that variants share
     kind, rank, ridge, first, opt = variant(name)
@@ -394,11 +100,11 @@ class Compressed:
     kind: str = ''                     # the thought-patch variant
     layer: Optional[int] = None        # where a vector acts
     vector: Optional[torch.Tensor] = None      # (d,)
-    patch: Optional[ThoughtPatch] = None
+    patch: Optional[ThoughtPatch] = None       # the thought patch
     rank: Optional[int] = None         # rank budget of the patch's matrices
     shift: int = 0                     # prompt length - 1: query positions
     start: int = 0                     # the start token, kept unpatched
-    template: str = TEMPLATE
+    template: str = TEMPLATE           # the demonstrations' template
     info: dict = field(default_factory=dict)   # task, heads, metrics, ...
 
     def numel(self) -> int:
@@ -406,10 +112,11 @@ class Compressed:
         if self.patch is not None: return patch_numel(self.patch, self.rank)
         return self.vector.numel()
 
-    def query_ids(self, tok, x: str) -> torch.Tensor:
+    def query_ids(self, tok, x: str,   # the tokenizer, an input
+                  ) -> torch.Tensor:
         "(1, T): the start token and the query for input x, to generate from."
-        q, _ = _template(self.template)
-        ids = _ids(tok, q.replace('{input}', x))
+        q, _ = template_parts(self.template)
+        ids = token_ids(tok, q.replace('{input}', x))
         return torch.tensor([[self.start] + ids])
 
 # %% ../nbs/11d_compress.ipynb #d6e52984
@@ -458,7 +165,9 @@ Compressed.applied, Compressed.save = _applied, _save
 Compressed.load = classmethod(_load)
 
 # %% ../nbs/11d_compress.ipynb #df8f97da
-def _kv_numel(model, n: int) -> int:
+def kv_numel(model,    # a transformers model (its config is read)
+             n: int,   # prompt tokens
+             ) -> int:
     "Numbers in the KV cache of an n-token prompt."
     c = model.config
     nh = c.num_attention_heads
@@ -525,124 +234,181 @@ def _patches(model, td: TaskData, names, S, cfg, firsts, ref, ref1, b):
         m = _metrics(ref, teacher_forced(model, P, td.test.ids, tp, keep=1),
                      td.test)
         b.update()
-        var[name] = dict(val=_first_scores(lpv, ref1, td.val.ids[
+        var[name] = dict(val=first_token_scores(lpv, ref1, td.val.ids[
             vrows, td.val.last + 1]), test=m, numel=c.numel(), obj=c)
     return var
 
-# %% ../nbs/11d_compress.ipynb #e6bd5496
-def evaluate(model, tok, task, cfg: CompressConfig = None,
-             methods=METHODS, verbose: bool = False) -> tuple:
-    "Every method under one protocol: (results, {method: Compressed})."
-    # verbose: a progress bar on stderr for every stage
-    cfg = cfg or CompressConfig()
+# %% ../nbs/11d_compress.ipynb #ev2ref
+def _check_methods(methods) -> tuple:
+    "The methods asked for, refused when one is unknown."
     bad = set(methods) - set(METHODS)
     if bad:
         raise ValueError(f"unknown methods {sorted(bad)}; known: {METHODS}")
-    arch = check_model(model)
-    td = encode_task(tok, task, cfg)
-    _check_length(model, td, cfg)
-    names, rank = _patch_names(model, cfg)
-    P, L = td.prompt, len(arch.layers)
-    layers = list(range(0, L, cfg.stride))
-    res = dict(task=_task_name(task), shots=cfg.shots, n_cal=cfg.n_cal,
-               n_val=cfg.n_val, n_test=cfg.n_test, seed=cfg.seed,
-               template=cfg.template, prompt_tokens=P.shape[1])
-    metrics, numel, secs, objs = {}, {}, {}, {}
-    bar = lambda desc, n: progress(desc, n, verbose)
-    states = bool(set(methods) - {'zero_shot', 'icl'})
-    t0 = time.perf_counter()
-    with bar('in-context reference', 2 + 2 * states
+    return tuple(methods)
+
+_NEEDS = dict(task_vector='out', function_vector='z',   # icl_states parts
+              thought_patch='layers', thought_vector='layers')
+
+def _reference(model, td: TaskData, methods, bar) -> dict:
+    "The prompt's cache and test log-probs; zero-shot; calibration states."
+    # and, when a compression is asked for, the validation reference ref1
+    parts = tuple(dict.fromkeys(_NEEDS[m] for m in methods if m in _NEEDS))
+    P, ts = td.prompt, td.test
+    with bar('in-context reference', 2 + 2 * bool(parts)
              + ('zero_shot' in methods)) as b:
         cache = prompt_cache(model, P); b.update()
-        ref = icl_logprobs(model, P, td.test.ids, cache); b.update()
-        metrics['icl'] = _metrics(ref, ref, td.test)
-        numel['icl'] = _kv_numel(model, P.shape[1])
+        ref = icl_logprobs(model, P, ts.ids, cache); b.update()
+        out = dict(ref=ref, metrics=dict(icl=_metrics(ref, ref, ts)),
+                   numel=dict(icl=kv_numel(model, P.shape[1])))
         if 'zero_shot' in methods:
-            metrics['zero_shot'] = _metrics(
-                ref, free_logprobs(model, td.start, td.test.ids), td.test)
-            numel['zero_shot'] = 0
+            out['metrics']['zero_shot'] = _metrics(
+                ref, free_logprobs(model, td.start, ts.ids), ts)
+            out['numel']['zero_shot'] = 0; b.update()
+        if parts:
+            vids, vrows, _ = out['firsts'] = first_tokens(td.val)
+            out['ref1'] = icl_logprobs(model, P, vids, cache)[
+                vrows, td.val.last]; b.update()
+            out['states'] = icl_states(model, P, td.cal, cache, parts)
             b.update()
-        if states:
-            vids, vrows, _ = firsts = _firsts(td.val)
-            ref1 = icl_logprobs(model, P, vids, cache)[vrows, td.val.last]
-            b.update()
-            S = icl_states(model, P, td.cal, cache); b.update()
-    secs['icl'] = time.perf_counter() - t0
-    test_edit = lambda l, v, mode: free_logprobs(
-        model, td.start, td.test.ids, (l, v, mode, td.test.last))
-    if 'task_vector' in methods:
-        t0 = time.perf_counter()
-        with bar('task vector: layers, test', 2) as b:
-            theta = S['out'].mean(1)                           # (L, d)
-            l, sc = pick_layer(model, td.start, td.val, ref1, theta,
-                               'replace', layers); b.update()
-            metrics['task_vector'] = _metrics(ref, test_edit(l, theta[l],
-                                              'replace'), td.test)
-            b.update()
-        objs['task_vector'] = Compressed(
-            'task_vector', layer=l, vector=theta[l], start=td.start,
-            template=cfg.template, info=dict(val={k: v[0] for k, v in
-                                                  sc.items()}))
-        res['task_vector_layer'] = l
-        secs['task_vector'] = time.perf_counter() - t0
-    if 'function_vector' in methods:
-        t0 = time.perf_counter()
-        with bar('function vector: heads, layers, test', cfg.n_aie + 2) as b:
-            _, nh, dh = _heads(model)
-            zbar = S['z'].mean(1).view(L, nh, dh)
-            g = torch.Generator().manual_seed(cfg.seed)
-            prompts = [_shuffled(tok, td, cfg.template, i % cfg.n_cal, g)
-                       for i in range(cfg.n_aie)]
-            v, A = function_vector(model, zbar, _aie(model, prompts, zbar, b),
-                                   cfg.heads)
-            l, sc = pick_layer(model, td.start, td.val, ref1, [v] * L, 'add',
-                               layers); b.update()
-            metrics['function_vector'] = _metrics(ref, test_edit(l, v, 'add'),
-                                                  td.test)
-            b.update()
-        objs['function_vector'] = Compressed(
-            'function_vector', layer=l, vector=v, start=td.start,
-            template=cfg.template, info=dict(heads=A))
-        res.update(function_vector_layer=l, function_vector_heads=A)
-        secs['function_vector'] = time.perf_counter() - t0
-    if 'thought_patch' in methods or 'thought_vector' in methods:
-        t0 = time.perf_counter()
-        want = (names if 'thought_patch' in methods else []) + (
-            ['thought vector'] if 'thought_vector' in methods else [])
-        with bar('thought patch: fit, validate, test', 3 * len(want)) as b:
-            var = _patches(model, td, want, S, cfg, firsts, ref, ref1, b)
-        if 'thought vector' in var:
-            tv = var.pop('thought vector')
-            metrics['thought_vector'], numel['thought_vector'] = (
-                tv['test'], tv['numel'])
-            objs['thought_vector'] = tv['obj']
-        if var:
-            best = max(var, key=lambda k: var[k]['val'])
-            metrics['thought_patch'] = var[best]['test']
-            numel['thought_patch'] = var[best]['numel']
-            objs['thought_patch'] = var[best]['obj']
-            res['thought_patch_kind'] = best
-            res['variants'] = {k: dict(val_accuracy_first=v['val'][0],
-                                       numel=v['numel'], **v['test'])
-                               for k, v in var.items()}
-        secs['thought_patch'] = time.perf_counter() - t0
-    for k in ('task_vector', 'function_vector'):
-        if k in objs: numel[k] = objs[k].numel()
+    return out
+
+# %% ../nbs/11d_compress.ipynb #ev3tv
+def _test_edit(model, td: TaskData, l: int, v, mode: str):
+    "Test log-probs without the prompt, v put at layer l (replace | add)."
+    return free_logprobs(model, td.start, td.test.ids,
+                         (l, v, mode, td.test.last))
+
+def _task_vector(model, td: TaskData, ref: dict, cfg, layers, bar) -> dict:
+    "The task vector: the mean stream per layer, its layer by validation."
+    with bar('task vector: layers, test', 2) as b:
+        theta = task_vectors(ref['states'])                    # (L, d)
+        l, sc = pick_layer(model, td.start, td.val, ref['ref1'], theta,
+                           'replace', layers); b.update()
+        m = _metrics(ref['ref'], _test_edit(model, td, l, theta[l],
+                                            'replace'), td.test)
+        b.update()
+    c = Compressed('task_vector', layer=l, vector=theta[l], start=td.start,
+                   template=cfg.template,
+                   info=dict(val={k: v[0] for k, v in sc.items()}))
+    return dict(metrics=dict(task_vector=m), objs=dict(task_vector=c),
+                res=dict(task_vector_layer=l))
+
+# %% ../nbs/11d_compress.ipynb #ev4fv
+def _function_vector(model, tok, td: TaskData, ref: dict, cfg, layers,
+                     bar) -> dict:
+    "The function vector: head effects, top heads, its layer by validation."
+    with bar('function vector: heads, layers, test', cfg.n_aie + 2) as b:
+        _, nh, dh = attention_heads(model)
+        zbar = ref['states']['z'].mean(1).view(-1, nh, dh)   # (L, nh, d_h)
+        g = torch.Generator().manual_seed(cfg.seed)
+        prompts = [shuffled_prompt(tok, td, cfg.template, i % cfg.n_cal, g)
+                   for i in range(cfg.n_aie)]
+        v, A = function_vector(model, zbar, _aie(model, prompts, zbar, b),
+                               cfg.heads)
+        l, sc = pick_layer(model, td.start, td.val, ref['ref1'],
+                           [v] * len(zbar), 'add', layers); b.update()
+        m = _metrics(ref['ref'], _test_edit(model, td, l, v, 'add'), td.test)
+        b.update()
+    c = Compressed('function_vector', layer=l, vector=v, start=td.start,
+                   template=cfg.template, info=dict(heads=A))
+    return dict(metrics=dict(function_vector=m),
+                objs=dict(function_vector=c),
+                res=dict(function_vector_layer=l, function_vector_heads=A))
+
+# %% ../nbs/11d_compress.ipynb #ev5tp
+def _thought(model, td: TaskData, ref: dict, cfg, names, methods,
+             bar) -> dict:
+    "The thought-patch variants (the best on validation), thought vector."
+    want = (list(names) if 'thought_patch' in methods else []) + (
+        ['thought vector'] if 'thought_vector' in methods else [])
+    with bar('thought patch: fit, validate, test', 3 * len(want)) as b:
+        var = _patches(model, td, want, ref['states'], cfg, ref['firsts'],
+                       ref['ref'], ref['ref1'], b)
+    out = dict(metrics={}, numel={}, objs={}, res={})
+    def keep(method, v):
+        out['metrics'][method], out['numel'][method] = v['test'], v['numel']
+        out['objs'][method] = v['obj']
+    if 'thought vector' in var:
+        keep('thought_vector', var.pop('thought vector'))
+    if var:
+        best = max(var, key=lambda k: var[k]['val'])
+        keep('thought_patch', var[best])
+        out['res'] = dict(thought_patch_kind=best, variants={
+            k: dict(val_accuracy_first=v['val'][0], numel=v['numel'],
+                    **v['test']) for k, v in var.items()})
+    return out
+
+# %% ../nbs/11d_compress.ipynb #ev6sum
+def _summary(task, cfg, td: TaskData, rank, steps: dict) -> tuple:
+    "The JSON-able result of the steps, and their Compressed objects."
+    res = dict(task=_task_name(task), shots=cfg.shots, n_cal=cfg.n_cal,
+               n_val=cfg.n_val, n_test=cfg.n_test, seed=cfg.seed,
+               template=cfg.template, prompt_tokens=td.prompt.shape[1])
+    metrics, numel, objs = {}, {}, {}
+    for s in steps.values():
+        metrics.update(s['metrics']); numel.update(s.get('numel', {}))
+        objs.update(s.get('objs', {})); res.update(s.get('res', {}))
+    numel.update({k: objs[k].numel() for k in ('task_vector',
+                                               'function_vector')
+                  if k in objs})
     res.update({k: metrics[k]['accuracy_first'] if k in metrics else None
                 for k in METHODS}, thought_patch_kind=res.get(
                     'thought_patch_kind'))
     res.update(metrics=metrics, numel=numel, budget=dict(
         numbers=cfg.budget, rank=rank, numel=numel.get('thought_patch'),
-        kv_cache=numel['icl']), seconds={k: round(v, 2) for k, v in
-                                         secs.items()})
+        kv_cache=numel['icl']), seconds={k: round(s['seconds'], 2)
+                                         for k, s in steps.items()})
     res['method_seconds'] = res['seconds']        # kept by the CLI
     for k, c in objs.items():
         c.info.update(task=res['task'], shots=cfg.shots, test=metrics[k])
     return res, objs
 
-def compress(model, tok, task, method: str = 'thought_patch',
-             cfg: CompressConfig = None) -> Compressed:
+# %% ../nbs/11d_compress.ipynb #e6bd5496
+def _timed(f, *args) -> dict:
+    "f(*args), a dict, with the seconds it took under 'seconds'."
+    t0 = time.perf_counter()
+    out = f(*args)
+    out['seconds'] = time.perf_counter() - t0
+    return out
+
+def evaluate(model,   # a supported transformers model (SmolLM2)
+             tok,     # its tokenizer
+             task,    # a name in TASKS, a JSON file or a list of pairs
+             cfg: CompressConfig = None,   # the protocol (default: defaults)
+             methods=METHODS,              # the methods to run
+             verbose: bool = False,   # progress bars on stderr
+             ) -> tuple:
+    "Every method under one protocol: (results, {method: Compressed})."
+    cfg = cfg or CompressConfig()
+    methods = _check_methods(methods)
+    arch = check_model(model)
+    td = encode_task(tok, task, cfg)
+    _check_length(model, td, cfg)
+    names, rank = _patch_names(model, cfg)
+    layers = list(range(0, len(arch.layers), cfg.stride))
+    bar = lambda desc, n: progress(desc, n, verbose)
+    ref = _timed(_reference, model, td, methods, bar)
+    steps = dict(icl=ref)             # each method only if it is asked for
+    if 'task_vector' in methods:
+        steps['task_vector'] = _timed(_task_vector, model, td, ref, cfg,
+                                      layers, bar)
+    if 'function_vector' in methods:
+        steps['function_vector'] = _timed(_function_vector, model, tok, td,
+                                          ref, cfg, layers, bar)
+    if {'thought_patch', 'thought_vector'} & set(methods):
+        steps['thought_patch'] = _timed(_thought, model, td, ref, cfg, names,
+                                        methods, bar)
+    return _summary(task, cfg, td, rank, steps)
+
+# %% ../nbs/11d_compress.ipynb #ev7cmp
+def compress(model,   # a supported transformers model (SmolLM2)
+             tok,     # its tokenizer
+             task,    # a name in TASKS, a JSON file or a list of pairs
+             method: str = 'thought_patch',   # one of METHODS[2:]
+             cfg: CompressConfig = None,   # the protocol
+             ) -> Compressed:
     "The prompt of `task` compressed by `method`, chosen on validation."
+    # runs only what `method` needs, and its test metrics (in c.info)
     if method not in METHODS[2:]:
         raise ValueError(f"method must be one of {METHODS[2:]}, got "
                          f"{method!r}")
@@ -658,7 +424,8 @@ def _threads(n: Optional[int]) -> int:
     if n is not None: torch.set_num_threads(n)
     return torch.get_num_threads()
 
-def run_compress(a: argparse.Namespace) -> dict:
+def run_compress(a: argparse.Namespace,   # add_compress_parser's arguments
+                 ) -> dict:
     "The `compress` sub-command: the methods on SmolLM2, one result dict."
     methods = tuple(a.methods or METHODS)
     if a.save:
@@ -683,7 +450,8 @@ def run_compress(a: argparse.Namespace) -> dict:
     return res
 
 # %% ../nbs/11d_compress.ipynb #cli1parse
-def add_compress_parser(subparsers) -> argparse.ArgumentParser:
+def add_compress_parser(subparsers,   # ArgumentParser().add_subparsers()
+                        ) -> argparse.ArgumentParser:
     "Add the `compress` sub-command to an argparse sub-parsers object."
     p = subparsers.add_parser(
         'compress', help='compress a few-shot prompt of a task file; every '

@@ -344,11 +344,7 @@ KNOWN = {
     "glued-plural": {          # page -> the matched words
         "nbs/11d_compress": ["seeds on 9 tasks seeds", "1 points"],
     },
-    "wrong-doc-link": {        # page -> "name -> target (defined in)"
-        "nbs/11d_compress": [
-            "teacher_forced -> 11_weights (defined in 11c_lm_thought)",
-            "fit_thought_patch -> 11_weights (defined in 11c_lm_thought)"],
-    },
+    "wrong-doc-link": {},      # page -> "name -> target (defined in)"
     "wider-than-phone": {},    # page -> the elements that reach past 390 px
 }
 

@@ -1,5 +1,6 @@
-"""Prompt compression (icl_book.compress): task vectors, function vectors and
-thought patches under one protocol.
+"""Prompt compression: the task suite (icl_book.task_suite), the baselines
+(icl_book.baselines: task vectors, function vectors) and the protocol that
+compares them with thought patches (icl_book.compress).
 
 Mechanics are checked in float64 on a tiny random Llama with a character-level
 stand-in tokenizer, against independent direct computations; one end-to-end
@@ -19,9 +20,14 @@ import torch
 pytest.importorskip("transformers", reason="the hf extra is not installed: "
                     "pip install 'transformers>=5,<6' gguf accelerate")
 
+from icl_book import baselines as B  # noqa: E402
 from icl_book import compress as C  # noqa: E402
-from icl_book.hf import (missing, prompt_states, teacher_forced,  # noqa: E402
-                         tiny_model)
+from icl_book import task_suite as T  # noqa: E402
+from icl_book.families import tiny_model  # noqa: E402
+from icl_book.baselines import free_logprobs, stream_edit  # noqa: E402
+from icl_book.lm_thought import (icl_logprobs, prompt_states,  # noqa: E402
+                                 teacher_forced)
+from icl_book.weights import missing  # noqa: E402
 
 
 class CharTok:
@@ -47,7 +53,7 @@ def tiny():
 
 @pytest.fixture(scope="module")
 def td():
-    return C.encode_task(CharTok(), PAIRS, CFG)
+    return T.encode_task(CharTok(), PAIRS, CFG)
 
 
 # ---- bad input -------------------------------------------------------------
@@ -64,24 +70,24 @@ def test_bad_task_files(tmp_path, content, msg):
     f = tmp_path / "task.json"
     f.write_text(content)
     with pytest.raises(ValueError, match="must be|item|valid") as e:
-        C.load_task(f)
+        T.load_task(f)
     assert msg in str(e.value)
 
 
 def test_missing_file_and_builtins():
     with pytest.raises(ValueError, match="does not exist"):
-        C.load_task("no/such/file.json")
-    sizes = {t: len(C.load_task(t)) for t in C.TASKS}
+        T.load_task("no/such/file.json")
+    sizes = {t: len(T.load_task(t)) for t in T.TASKS}
     assert sizes["country-capital"] == 197 and min(sizes.values()) > 190
-    assert C.task_file("antonym").parent.joinpath("LICENSE").exists()
+    assert T.task_file("antonym").parent.joinpath("LICENSE").exists()
 
 
 def test_too_few_examples_and_empty_tokens():
     with pytest.raises(ValueError, match="18 examples, but 3 shots"):
-        C.encode_task(CharTok(), PAIRS, C.CompressConfig(
+        T.encode_task(CharTok(), PAIRS, C.CompressConfig(
             shots=3, n_cal=6, n_val=4, n_test=6))
     with pytest.raises(ValueError, match="calibration must be an integer"):
-        C.encode_task(CharTok(), PAIRS, C.CompressConfig(n_cal=1))
+        T.encode_task(CharTok(), PAIRS, C.CompressConfig(n_cal=1))
 
     class Drop(CharTok):
         def __call__(self, text, add_special_tokens=False):
@@ -89,10 +95,10 @@ def test_too_few_examples_and_empty_tokens():
 
     bad = PAIRS[:-1] + [dict(input="zz", output="x")]
     with pytest.raises(ValueError, match="output tokenises to nothing"):
-        C.encode_task(Drop(), bad, C.CompressConfig(shots=2, n_cal=14,
+        T.encode_task(Drop(), bad, C.CompressConfig(shots=2, n_cal=14,
                                                    n_val=1, n_test=1))
     with pytest.raises(ValueError, match="must contain '{input}' once"):
-        C.encode_task(CharTok(), PAIRS, C.CompressConfig(
+        T.encode_task(CharTok(), PAIRS, C.CompressConfig(
             shots=2, n_cal=2, n_val=1, n_test=1, template="{output}{input}"))
 
 
@@ -109,8 +115,8 @@ def test_splits_are_disjoint(td):
 def test_cached_prompt_matches_full_run(tiny, td):
     P = td.prompt
     ref = teacher_forced(tiny, P, td.cal.ids, prompt=True)
-    assert (C.icl_logprobs(tiny, P, td.cal.ids) - ref).abs().max() < 1e-10
-    S = C.icl_states(tiny, P, td.cal)
+    assert (icl_logprobs(tiny, P, td.cal.ids) - ref).abs().max() < 1e-10
+    S = B.icl_states(tiny, P, td.cal)
     R = prompt_states(tiny, P, td.cal.ids, td.cal.mask)
     for a, b in zip(S["layers"], R["layers"]):
         for k in "hay":
@@ -131,29 +137,30 @@ def test_task_vector_replaces_the_hidden_state(tiny, td):
     h = tiny.model.layers[3].register_forward_pre_hook(
         lambda m, a: seen.__setitem__("h", a[0].clone()))
     try:
-        lp = C.free_logprobs(tiny, 0, td.cal.ids,
-                             (2, theta, "replace", td.cal.last))
+        lp = free_logprobs(tiny, 0, td.cal.ids,
+                           (2, theta, "replace", td.cal.last))
     finally:
         h.remove()
     rows = torch.arange(6)
     assert torch.equal(seen["h"][rows, td.cal.last + 1],
                        theta.expand(6, -1))
-    plain = C.free_logprobs(tiny, 0, td.cal.ids)
+    plain = free_logprobs(tiny, 0, td.cal.ids)
     before = (torch.arange(td.cal.ids.shape[1])[None]
               < td.cal.last[:, None])
     assert (lp[before] - plain[before]).abs().max() < 1e-12
     assert (lp[rows, td.cal.last] - plain[rows, td.cal.last]).abs().max() > 1e-3
     with pytest.raises(ValueError, match="layer must be in 0..3"):
-        with C.stream_edit(tiny, 4, theta):
+        with stream_edit(tiny, 4, theta):
             pass
 
 
 def test_pick_layer_takes_the_best_score(tiny, td):
-    S = C.icl_states(tiny, td.prompt, td.val)
-    ids, rows, _ = C._firsts(td.val)
-    ref1 = C.icl_logprobs(tiny, td.prompt, ids)[rows, td.val.last]
-    theta = S["out"].mean(1)
-    best, scores = C.pick_layer(tiny, 0, td.val, ref1, theta, "replace",
+    S = B.icl_states(tiny, td.prompt, td.val)
+    ids, rows, _ = B.first_tokens(td.val)
+    ref1 = icl_logprobs(tiny, td.prompt, ids)[rows, td.val.last]
+    theta = B.task_vectors(S)
+    assert torch.equal(theta, S["out"].mean(1))
+    best, scores = B.pick_layer(tiny, 0, td.val, ref1, theta, "replace",
                                 range(4))
     assert scores[best] == max(scores.values()) and len(scores) == 4
 
@@ -161,11 +168,12 @@ def test_pick_layer_takes_the_best_score(tiny, td):
 # ---- function vector -----------------------------------------------------------
 def test_function_vector_heads_have_highest_indirect_effect(tiny, td):
     g = torch.Generator().manual_seed(0)
-    prompts = [C._shuffled(CharTok(), td, C.TEMPLATE, i, g) for i in range(2)]
-    o_projs, nh, dh = C._heads(tiny)
-    S = C.icl_states(tiny, td.prompt, td.cal)
+    prompts = [B.shuffled_prompt(CharTok(), td, T.TEMPLATE, i, g)
+               for i in range(2)]
+    o_projs, nh, dh = B.attention_heads(tiny)
+    S = B.icl_states(tiny, td.prompt, td.cal)
     zbar = S["z"].mean(1).view(4, nh, dh)
-    aie = C.head_effects(tiny, prompts, zbar, chunk=7)
+    aie = B.head_effects(tiny, prompts, zbar, chunk=7)
 
     def direct(layer, j):                      # whole runs, no cache
         eff = 0.
@@ -186,7 +194,7 @@ def test_function_vector_heads_have_highest_indirect_effect(tiny, td):
 
     for layer, j in [(0, 1), (2, 0), (3, 3)]:
         assert abs(aie[layer, j].item() - direct(layer, j)) < 1e-12
-    v, A = C.function_vector(tiny, zbar, aie, heads=4)
+    v, A = B.function_vector(tiny, zbar, aie, heads=4)
     ranked = sorted(((aie[i, j].item(), (i, j)) for i in range(4)
                      for j in range(nh)), reverse=True)
     assert A == [ij for _, ij in ranked[:4]]
@@ -199,13 +207,13 @@ def test_function_vector_heads_have_highest_indirect_effect(tiny, td):
 
 def test_function_vector_needs_llama():
     with pytest.raises(TypeError, match="Llama-family"):
-        C._heads(tiny_model("gpt2"))
+        B.attention_heads(tiny_model("gpt2"))
 
 
 # ---- the Compressed object ----------------------------------------------------
 def test_compressed_applied_generate_save_load(tiny, td, tmp_path):
     P = td.prompt
-    S = C.icl_states(tiny, P, td.cal)
+    S = B.icl_states(tiny, P, td.cal)
     tp = C.fit_variant(tiny, P, td.cal, "lstsq_out r1", S)
     c = C.Compressed("thought_patch", "lstsq_out r1", patch=tp, rank=1,
                      shift=P.shape[1] - 1, start=0)
@@ -247,7 +255,7 @@ def test_evaluate_and_compress_on_tiny(tiny):
         assert k in res, k
     assert res["metrics"]["icl"]["kl_first"] == 0.0
     assert res["numel"]["task_vector"] == res["numel"]["function_vector"] == 32
-    assert res["numel"]["icl"] == C._kv_numel(tiny, res["prompt_tokens"])
+    assert res["numel"]["icl"] == C.kv_numel(tiny, res["prompt_tokens"])
     assert res["thought_patch_kind"] in CFG.variants
     json.dumps(res)
     best = max(res["variants"], key=lambda k: (
@@ -301,7 +309,7 @@ def test_cli_parser_from_python_c():
 @pytest.mark.skipif(missing("smollm2") is not None,
                     reason=str(missing("smollm2")))
 def test_smollm2_end_to_end():
-    from icl_book.hf import load_pretrained
+    from icl_book.weights import load_pretrained
     model, tok = load_pretrained("smollm2")
     cfg = C.CompressConfig(shots=5, n_cal=12, n_val=6, n_test=12, stride=10,
                            n_aie=1, variants=("lstsq_out r1",))
@@ -318,9 +326,9 @@ def test_smollm2_end_to_end():
 
 
 # ---- task files: no duplicates, disjoint splits -----------------------------
-@pytest.mark.parametrize("name", C.TASKS)
+@pytest.mark.parametrize("name", T.TASKS)
 def test_task_files_have_no_duplicate_inputs_and_disjoint_splits(name):
-    raw = json.loads(C.task_file(name).read_text(encoding="utf-8"))
+    raw = json.loads(T.task_file(name).read_text(encoding="utf-8"))
     inputs = [ex["input"].strip() for ex in raw]
     assert len(inputs) == len(set(inputs)), name
     cfg = C.CompressConfig()
@@ -337,7 +345,7 @@ def test_task_files_have_no_duplicate_inputs_and_disjoint_splits(name):
 
 
 def test_capitals_have_no_duplicates():
-    from icl_book.lm_thought import capitals
+    from icl_book.experiments.lm_thought import capitals
     t = capitals()
     names = [c for k in ("countries", "states") for c, _ in t[k]]
     assert len(names) == len(set(names))
@@ -347,7 +355,7 @@ def test_load_task_refuses_duplicate_inputs(tmp_path):
     f = tmp_path / "dup.json"
     f.write_text(json.dumps(PAIRS + [dict(input=" cat", output="x")]))
     with pytest.raises(ValueError, match="item 18 repeats the input"):
-        C.load_task(f)
+        T.load_task(f)
 
 
 # ---- rank budgets: the reduced-rank optimum ---------------------------------
@@ -412,14 +420,14 @@ def test_budget_numbers_stored_are_what_the_json_says(tiny, tmp_path):
 
 
 def test_fast_layer_search_equals_a_whole_run_per_layer(tiny, td):
-    ids, rows, target = C._firsts(td.val)
-    ref1 = C.icl_logprobs(tiny, td.prompt, ids)[rows, td.val.last]
-    vecs = C.icl_states(tiny, td.prompt, td.cal)["out"].mean(1)
-    best, sc = C.pick_layer(tiny, 0, td.val, ref1, vecs, "replace", range(4),
+    ids, rows, target = B.first_tokens(td.val)
+    ref1 = icl_logprobs(tiny, td.prompt, ids)[rows, td.val.last]
+    vecs = B.icl_states(tiny, td.prompt, td.cal)["out"].mean(1)
+    best, sc = B.pick_layer(tiny, 0, td.val, ref1, vecs, "replace", range(4),
                             rows=4)
     for layer in range(4):
-        lp = C.free_logprobs(tiny, 0, ids, (layer, vecs[layer], "replace",
-                                            td.val.last))[rows, td.val.last]
+        lp = free_logprobs(tiny, 0, ids, (layer, vecs[layer], "replace",
+                                          td.val.last))[rows, td.val.last]
         acc = (lp.argmax(-1) == target).double().mean().item()
         kl = (ref1.exp() * (ref1 - lp)).sum(-1).mean().item()
         assert abs(sc[layer][0] - acc) < 1e-12
@@ -504,3 +512,47 @@ def test_cli_save_is_checked_before_any_work(tmp_path):
     assert out.returncode == 2
     assert "does not exist" in out.stderr and "Traceback" not in out.stderr
     assert "the model was loaded" not in out.stderr
+
+
+# ---- the protocol runs only what the methods asked for need ----------------
+def test_compress_computes_only_what_its_method_needs(tiny, monkeypatch):
+    asked, real = [], B.icl_states
+
+    def spy(*a, **k):
+        asked.append(a[4] if len(a) > 4 else k.get("parts"))
+        return real(*a, **k)
+
+    monkeypatch.setattr(C, "icl_states", spy)
+    c = C.compress(tiny, CharTok(), PAIRS, "task_vector", CFG)
+    assert asked == [("out",)] and c.method == "task_vector"
+    assert set(c.info["test"]) == {"accuracy_first", "accuracy", "kl_first"}
+    res, objs = C.evaluate(tiny, CharTok(), PAIRS, CFG, methods=("icl",))
+    assert asked == [("out",)]                  # no calibration run at all
+    assert set(res["metrics"]) == {"icl"} and objs == {}
+    assert res["zero_shot"] is None and set(res["seconds"]) == {"icl"}
+
+
+def test_load_task_keeps_its_old_import_path():
+    from icl_book.compress import load_task     # lm_dynamics, lm_monitor
+    assert load_task is T.load_task
+
+
+def test_icl_states_records_only_the_parts_asked_for(tiny, td):
+    full = B.icl_states(tiny, td.prompt, td.cal)
+    out = B.icl_states(tiny, td.prompt, td.cal, parts=("out",))
+    assert out["layers"] is None and out["z"] is None
+    assert torch.equal(out["out"], full["out"])
+    lay = B.icl_states(tiny, td.prompt, td.cal, parts=("layers",))
+    assert lay["out"] is None and lay["z"] is None
+    for a, b in zip(lay["layers"], full["layers"]):
+        assert all(torch.equal(a[k], b[k]) for k in "hay")
+
+
+def test_stream_edit_refuses_bad_mode_and_layer(tiny):
+    v = torch.zeros(32, dtype=torch.float64)
+    with pytest.raises(ValueError, match="mode must be"):
+        with stream_edit(tiny, 0, v, "multiply"):
+            pass
+    with pytest.raises(ValueError, match="layer must be in 0..3"):
+        with stream_edit(tiny, 4, v):
+            pass

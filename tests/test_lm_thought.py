@@ -1,0 +1,111 @@
+"""The thought-patch toolbox on a real model's code path (icl_book.lm_thought),
+tested directly: padding, the metrics, the closed-loop fit, applying a patch,
+and rank budgets. A tiny random Llama in float64 stands in for
+SmolLM2; no weights are downloaded.
+"""
+import pytest
+import torch
+
+pytest.importorskip("transformers", reason="the hf extra is not installed: "
+                    "pip install 'transformers>=5,<6' gguf accelerate")
+
+from icl_book.families import tiny_model  # noqa: E402
+from icl_book.lm_thought import (  # noqa: E402
+    budget_rank, compression_metrics, fit_thought_patch, pad_batch,
+    patch_numel, prompt_states, reduced_rank_fit, teacher_forced,
+    thought_patched)
+from icl_book.thought import fit_linear_patch  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def setup():
+    model = tiny_model("llama", seed=5)             # 3 layers, float64
+    g = torch.Generator().manual_seed(0)
+    P = torch.randint(2, 97, (1, 7), generator=g)   # a stand-in prompt
+    ids = torch.randint(2, 97, (6, 5), generator=g)
+    return model, P, ids, torch.ones_like(ids, dtype=torch.bool)
+
+
+def test_pad_batch_pads_right_and_refuses_empty():
+    ids, mask = pad_batch([[5, 6, 7], [8]], pad=1)
+    assert ids.tolist() == [[5, 6, 7], [8, 1, 1]]
+    assert mask.tolist() == [[True] * 3, [True, False, False]]
+    for bad in ([], [[1], []]):
+        with pytest.raises(ValueError, match="non-empty"):
+            pad_batch(bad)
+
+
+def test_compression_metrics_by_hand():
+    lp = torch.log(torch.tensor([[[.7, .2, .1], [.1, .8, .1]]],
+                                dtype=torch.float64))         # (1, 2, 3)
+    # position 0 predicts the answer token ids[0, 1]: its arg-max is 0
+    ids, answer = torch.tensor([[1, 0]]), torch.tensor([[True, False]])
+    same = compression_metrics(lp, lp, ids, answer)
+    assert same["kl"] == 0 and same["accuracy"] == 1.0
+    assert same["accuracy_first"] == 1.0
+    wrong = torch.tensor([[1, 2]])                 # the answer is not 0
+    assert compression_metrics(lp, lp, wrong, answer)["accuracy"] == 0.0
+    flat = torch.full_like(lp, -torch.log(torch.tensor(3.)).item())
+    kl = (lp[0, 0].exp() * (lp[0, 0] - flat[0, 0])).sum().item()
+    assert abs(compression_metrics(lp, flat, ids, answer)["kl"] - kl) < 1e-12
+
+
+def test_kind_none_is_no_patch_and_lstsq_out_moves_toward_the_prompt(setup):
+    model, P, ids, mask = setup
+    none = fit_thought_patch(model, P, ids, mask, "none")
+    assert all(t is None for t in none.M + none.beta + none.M_out
+               + none.delta)
+    plain = teacher_forced(model, P, ids)
+    assert torch.equal(teacher_forced(model, P, ids, none), plain)
+    ref = teacher_forced(model, P, ids, prompt=True)
+    kl = lambda lp: (ref.exp() * (ref - lp)).sum(-1).mean().item()
+    states = prompt_states(model, P, ids, mask)
+    tp = fit_thought_patch(model, P, ids, mask, "lstsq_out", lam=1e-3,
+                           states=states)
+    assert kl(teacher_forced(model, P, ids, tp)) < 0.5 * kl(plain)
+    with pytest.raises(ValueError, match="kind must be one of"):
+        fit_thought_patch(model, P, ids, mask, "lstsq_in")
+
+
+def test_thought_patched_equals_teacher_forced_and_cleans_up(setup):
+    model, P, ids, mask = setup
+    tp = fit_thought_patch(model, P, ids, mask, "lstsq")
+    x = torch.cat([P[:, :1].expand(6, 1), ids], 1)
+    pos = torch.cat([torch.zeros(1, dtype=torch.long),
+                     torch.arange(P.shape[1], P.shape[1] + ids.shape[1])])
+    with torch.no_grad(), thought_patched(model, tp):
+        lp = model(x, position_ids=pos.expand(6, -1),
+                   attention_mask=torch.ones_like(x)).logits[:, 1:]
+    want = teacher_forced(model, P, ids, tp)
+    assert (lp.log_softmax(-1) - want).abs().max() < 1e-10
+    with torch.no_grad():
+        before = model(x).logits
+    with pytest.raises(RuntimeError, match="boom"):
+        with thought_patched(model, tp):
+            raise RuntimeError("boom")
+    with torch.no_grad():
+        assert torch.equal(model(x).logits, before)       # hooks removed
+    assert not model.model._forward_pre_hooks         # the base's too
+    short = type(tp)(tp.M[:2], tp.beta[:2], tp.M_out[:2], tp.delta[:2])
+    with pytest.raises(ValueError, match="the patch has 2 layers"):
+        with thought_patched(model, short):
+            pass
+
+
+def test_rank_budget_and_reduced_rank_fit(setup):
+    model, P, ids, mask = setup
+    r = budget_rank(model, 1000)
+    tp = fit_thought_patch(model, P, ids, mask, "lstsq_out", rank=r)
+    assert patch_numel(tp, r) <= 1000
+    assert [torch.linalg.matrix_rank(M).item() for M in tp.M_out] == [r] * 3
+    with pytest.raises(ValueError, match="below the rank-1"):
+        budget_rank(model, 100)
+    with pytest.raises(TypeError, match="an int"):
+        budget_rank(model, 1000.0)
+    g = torch.Generator().manual_seed(1)
+    A = torch.randn(5, 9, dtype=torch.float64, generator=g)    # K < d: dual
+    V = torch.randn(5, 4, dtype=torch.float64, generator=g)
+    for got, want in zip(reduced_rank_fit(A, V, 0.3),
+                         fit_linear_patch(A, V, 0.3, bias=True)):
+        assert (got - want).abs().max() < 1e-12
+
