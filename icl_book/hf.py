@@ -563,7 +563,7 @@ def patch_errors(model, context_ids, query_ids, mode: str = 'rank1',
 def plot_layer_errors(rows) -> 'matplotlib.figure.Figure':
     "Figure: relative error per layer; a panel per model, a line per dtype."
     import matplotlib.pyplot as plt, pandas as pd
-    from icl_book.core import set_style
+    from icl_book.experiments.core import set_style
     set_style(); df = pd.DataFrame(rows)
     names = list(dict.fromkeys(df.model))
     fig, axes = plt.subplots(1, len(names), figsize=(9, 3.6), sharey=True,
@@ -661,7 +661,7 @@ def token_updates(model, context_ids: torch.Tensor, query_ids: torch.Tensor,
 def plot_token_updates(U: torch.Tensor, labels) -> 'matplotlib.figure.Figure':
     "Figure: heatmap of log10 ||ΔW step|| over context tokens × layers."
     import matplotlib.pyplot as plt
-    from icl_book.core import set_style
+    from icl_book.experiments.core import set_style
     set_style()
     n, L = U.shape
     fig, ax = plt.subplots(figsize=(min(7.6, 2 + 0.3 * n), 4.4))  # page width
