@@ -406,16 +406,8 @@ def _moe_last(Ps: tuple, r: RankOne, b: int, t: int) -> list:
     return out
 
 # %% ../nbs/11ac_hf_checks.ipynb #hf_che025b
-def write_weights(st: ExitStack, ad: Adapter, patches: HFPatch,
-                  written: list) -> None:
-    "Add the patch of one token to the weights; `st` restores them."
-    if patches.shape != (1, 1):
-        raise ValueError(
-            "inplace=True writes one matrix per layer, so it needs the patch "
-            "of one query token of one sequence; this one has (B, q) = "
-            f"{patches.shape}. Use the default inplace=False.")
-    flat = lambda r: RankOne(r.u.reshape(-1), r.v.reshape(-1))
-
+def _writer(st: ExitStack, ad: Adapter, written: list):
+    "write(param, update, what): add `update` to `param` until `st` closes."
     def write(param, upd, what):
         if param is None:
             raise ValueError(f"the {ad.name}'s {what} has no bias to write "
@@ -426,37 +418,56 @@ def write_weights(st: ExitStack, ad: Adapter, patches: HFPatch,
                              "weights: use the default inplace=False")
         written.append(param)    # first: a Ctrl-C may land inside the write
         st.enter_context(patched_weights(param, upd.detach().to(param.dtype)))
+    return write
 
+def _write_moe(write, lay, p) -> None:
+    "A MoE layer: router and experts' parameters, 2-D or 3-D."
+    for P, r in zip(lay.first, p.dW):
+        write(P, _moe_first(P, r, 0, 0), 'router or expert')
+    if p.dW_out is not None:
+        for P, D in zip(lay.last, _moe_last(lay.last, p.dW_out, 0, 0)):
+            write(P, D, 'down projection')
+    if p.db_out is not None:
+        write(None, None, 'mixture of experts (its down projections)')
+
+# %% ../nbs/11ac_hf_checks.ipynb #hf_che025c
+def _write_dense(write, ad: Adapter, lay, p) -> None:
+    "A dense layer: its linear maps, the bias or the post-norm's scale."
+    flat = lambda r: RankOne(r.u.reshape(-1), r.v.reshape(-1))
+    edits = list(zip(lay.first, p.dW))
+    if p.dW_out is not None: edits.append((lay.last, p.dW_out))
+    for m, r in edits:
+        r = flat(r)
+        if not isinstance(m, nn.Linear): r = RankOne(r.v, r.u)  # Conv1D
+        write(m.weight, r.dense(), 'linear map')
+    if p.db_out is not None:
+        m = lay.post if lay.post is not None else lay.last
+        write(getattr(m, 'bias', None), p.db_out.reshape(-1),
+              'norm after the MLP' if lay.post is not None
+              else 'last MLP matrix')
+    if p.ds_post is not None:               # s = offset + w -> s (1 + ρ)
+        w = lay.post.weight
+        if w.device.type != 'meta' and norm_rounds(lay.post, w.dtype):
+            raise ValueError(
+                f"the {ad.name}'s norm after the MLP computes in "
+                "float32 even in this float64 model, so a scale written "
+                "into its weight would be rounded to float32; use the "
+                "default inplace=False (exact)")
+        write(w, (ad.family.post_offset + w.to(p.ds_post.dtype))
+              * p.ds_post.reshape(-1), 'norm after the MLP')
+
+def write_weights(st: ExitStack,       # restores the weights when closed
+                  ad: Adapter,         # the model's adapter
+                  patches: HFPatch,    # patches of one query token (1, 1)
+                  written: list,       # receives every parameter written
+                 ) -> None:
+    "Add the patch of one token to the weights; `st` restores them."
+    if patches.shape != (1, 1):
+        raise ValueError(
+            "inplace=True writes one matrix per layer, so it needs the patch "
+            "of one query token of one sequence; this one has (B, q) = "
+            f"{patches.shape}. Use the default inplace=False.")
+    write = _writer(st, ad, written)
     for lay, p in zip(ad.layers, patches.layers):
-        if lay.moe is not None:                 # parameters, 2-D or 3-D
-            for P, r in zip(lay.first, p.dW):
-                write(P, _moe_first(P, r, 0, 0), 'router or expert')
-            if p.dW_out is not None:
-                for P, D in zip(lay.last, _moe_last(lay.last, p.dW_out,
-                                                    0, 0)):
-                    write(P, D, 'down projection')
-            if p.db_out is not None:
-                write(None, None, 'mixture of experts (its down projections)')
-            continue
-        edits = list(zip(lay.first, p.dW))
-        if p.dW_out is not None: edits.append((lay.last, p.dW_out))
-        for m, r in edits:
-            r = flat(r)
-            if not isinstance(m, nn.Linear): r = RankOne(r.v, r.u)  # Conv1D
-            write(m.weight, r.dense(), 'linear map')
-        if p.db_out is not None:
-            m = lay.post if lay.post is not None else lay.last
-            write(getattr(m, 'bias', None), p.db_out.reshape(-1),
-                  'norm after the MLP' if lay.post is not None
-                  else 'last MLP matrix')
-        if p.ds_post is not None:               # s = offset + w -> s (1 + ρ)
-            w = lay.post.weight
-            if w.device.type != 'meta' and norm_rounds(lay.post,
-                                                       w.dtype):
-                raise ValueError(
-                    f"the {ad.name}'s norm after the MLP computes in "
-                    "float32 even in this float64 model, so a scale written "
-                    "into its weight would be rounded to float32; use the "
-                    "default inplace=False (exact)")
-            write(w, (ad.family.post_offset + w.to(p.ds_post.dtype))
-                  * p.ds_post.reshape(-1), 'norm after the MLP')
+        if lay.moe is not None: _write_moe(write, lay, p)
+        else: _write_dense(write, ad, lay, p)
