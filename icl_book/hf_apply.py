@@ -104,6 +104,7 @@ def _call_hooks(st: ExitStack, ad: Adapter, ap: _Apply) -> None:
         reg(mods[rec[0]].register_forward_hook,
             hook=lambda m, a, o, rec=rec: _check_rotary(m, rec))
 
+# %% ../nbs/11ba_hf_apply.ipynb #c01215b
 @sigint_critical                      # a Ctrl-C lands after enter/exit
 @contextmanager
 def patched(model,             # the model the patches were computed for

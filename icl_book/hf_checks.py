@@ -456,6 +456,7 @@ def _write_dense(write, ad: Adapter, lay, p) -> None:
         write(w, (ad.family.post_offset + w.to(p.ds_post.dtype))
               * p.ds_post.reshape(-1), 'norm after the MLP')
 
+# %% ../nbs/11ac_hf_checks.ipynb #hf_che025d
 def write_weights(st: ExitStack,       # restores the weights when closed
                   ad: Adapter,         # the model's adapter
                   patches: HFPatch,    # patches of one query token (1, 1)

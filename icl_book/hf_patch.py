@@ -144,6 +144,7 @@ def _joined(ad: Adapter, keep: list) -> list:
                                       for i in range(len(ad.family.branch)))
     return keep
 
+# %% ../nbs/11b_hf_patch.ipynb #c00916c
 def with_context_pass(ad: Adapter,  # the model's adapter (`check_model`)
                       ids: torch.Tensor,  # [context, query] ids (B, n + q)
                       mask,         # its attention mask (B, n + q), or None
