@@ -24,12 +24,12 @@ from .hf_checks import (
     LayerPatch, ModelState, HFPatch, check_model, check_ids, position_limit,
     check_length, check_mask, check_types, check_finite, head_reads_outside,
     drop_pooled, model_state, weights_changed, restored, refuse_stale,
-    check_patch, check_call, check_owner, claim, check_mode, write_weights)
+    check_patch, check_call, check_owner, claim, check_mode)
 from .hf_patch import (
     SELF_CHECK_TOL, output_tensor, accepts_kwarg, with_context_pass,
     context_patches, closed_loop_pass, refuse_mismatch, model_dtype)
-from .hf_apply import (patched, moe_routing, patch_errors,
-                               generate_without_context)
+from .hf_apply import (write_weights, patched, moe_routing,
+                               patch_errors, generate_without_context)
 from .lm_dynamics import (PARTS, prefix_patches, default_part,
                                   prefix_updates, token_updates,
                                   token_updates_loop)

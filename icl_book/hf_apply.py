@@ -11,16 +11,18 @@ from .core import rel_err, check_int, hold_sigint, release_sigint, \
     sigint_critical
 from .blocks import RankOne
 from .families import Adapter
+from .patch import patched_weights
+from .discovery import norm_rounds
 from .hf_checks import (
     HFPatch, check_model, check_patch, head_reads_outside, drop_pooled,
     model_state, refuse_stale, restored, check_call, claim, check_owner,
-    check_mode, write_weights, _rotary_same)
+    check_mode, _moe_first, _moe_last, _rotary_same)
 from icl_book.hf_patch import (
     context_patches, output_tensor, _Win, _base_forward, _hooks, _layer_err,
     _moe_run)
 
 # %% auto #0
-__all__ = ['patched', 'moe_routing', 'patch_errors', 'generate_without_context']
+__all__ = ['write_weights', 'patched', 'moe_routing', 'patch_errors', 'generate_without_context']
 
 # %% ../nbs/11ba_hf_apply.ipynb #c01211b
 class _Apply:
@@ -89,6 +91,74 @@ def _check_rotary(m, rec):
             "compute the patches again")
 
 _Apply.check, _Apply.block_pre = _apply_check, _apply_block_pre
+
+# %% ../nbs/11ba_hf_apply.ipynb #ba_w025b
+def _writer(st: ExitStack, ad: Adapter, written: list):
+    "write(param, update, what): add `update` to `param` until `st` closes."
+    def write(param, upd, what):
+        if param is None:
+            raise ValueError(f"the {ad.name}'s {what} has no bias to write "
+                             "the steering vector into: use mode='rank1' or "
+                             "inplace=False")
+        if param.device.type == 'meta':
+            raise ValueError("inplace=True cannot write into offloaded "
+                             "weights: use the default inplace=False")
+        written.append(param)    # first: a Ctrl-C may land inside the write
+        st.enter_context(patched_weights(param, upd.detach().to(param.dtype)))
+    return write
+
+def _write_moe(write, lay, p) -> None:
+    "A MoE layer: router and experts' parameters, 2-D or 3-D."
+    for P, r in zip(lay.first, p.dW):
+        write(P, _moe_first(P, r, 0, 0), 'router or expert')
+    if p.dW_out is not None:
+        for P, D in zip(lay.last, _moe_last(lay.last, p.dW_out, 0, 0)):
+            write(P, D, 'down projection')
+    if p.db_out is not None:
+        write(None, None, 'mixture of experts (its down projections)')
+
+# %% ../nbs/11ba_hf_apply.ipynb #ba_w025c
+def _write_dense(write, ad: Adapter, lay, p) -> None:
+    "A dense layer: its linear maps, the bias or the post-norm's scale."
+    flat = lambda r: RankOne(r.u.reshape(-1), r.v.reshape(-1))
+    edits = list(zip(lay.first, p.dW))
+    if p.dW_out is not None: edits.append((lay.last, p.dW_out))
+    for m, r in edits:
+        r = flat(r)
+        if not isinstance(m, nn.Linear): r = RankOne(r.v, r.u)  # Conv1D
+        write(m.weight, r.dense(), 'linear map')
+    if p.db_out is not None:
+        m = lay.post if lay.post is not None else lay.last
+        write(getattr(m, 'bias', None), p.db_out.reshape(-1),
+              'norm after the MLP' if lay.post is not None
+              else 'last MLP matrix')
+    if p.ds_post is not None:               # s = offset + w -> s (1 + ρ)
+        w = lay.post.weight
+        if w.device.type != 'meta' and norm_rounds(lay.post, w.dtype):
+            raise ValueError(
+                f"the {ad.name}'s norm after the MLP computes in "
+                "float32 even in this float64 model, so a scale written "
+                "into its weight would be rounded to float32; use the "
+                "default inplace=False (exact)")
+        write(w, (ad.family.post_offset + w.to(p.ds_post.dtype))
+              * p.ds_post.reshape(-1), 'norm after the MLP')
+
+# %% ../nbs/11ba_hf_apply.ipynb #ba_w025d
+def write_weights(st: ExitStack,       # restores the weights when closed
+                  ad: Adapter,         # the model's adapter
+                  patches: HFPatch,    # patches of one query token (1, 1)
+                  written: list,       # receives every parameter written
+                 ) -> None:
+    "Add the patch of one token to the weights; `st` restores them."
+    if patches.shape != (1, 1):
+        raise ValueError(
+            "inplace=True writes one matrix per layer, so it needs the patch "
+            "of one query token of one sequence; this one has (B, q) = "
+            f"{patches.shape}. Use the default inplace=False.")
+    write = _writer(st, ad, written)
+    for lay, p in zip(ad.layers, patches.layers):
+        if lay.moe is not None: _write_moe(write, lay, p)
+        else: _write_dense(write, ad, lay, p)
 
 # %% ../nbs/11ba_hf_apply.ipynb #c01214b
 def _call_hooks(st: ExitStack, ad: Adapter, ap: _Apply) -> None:
@@ -235,9 +305,14 @@ def _eos(model):
     pad = getattr(gc, 'pad_token_id', None)
     return eos, pad if pad is not None else (eos[0] if eos else 0)
 
-def generate_without_context(model, context_ids: torch.Tensor,
-                             query_ids: torch.Tensor, max_new_tokens: int,
-                             mode: str = 'rank1', return_logits: bool = False):
+def generate_without_context(
+        model,                       # a *ForCausalLM model
+        context_ids: torch.Tensor,   # context token ids (B, n)
+        query_ids: torch.Tensor,     # query token ids (B, q)
+        max_new_tokens: int,         # tokens to generate, at least 1
+        mode: str = 'rank1',         # 'rank1' or 'bias'
+        return_logits: bool = False,  # also the logits (B, k, vocab)
+):
     "Greedy tokens (B, k) after the query, the context replaced by patches."
     ad = check_model(model)
     if not ad.lm:

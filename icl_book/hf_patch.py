@@ -22,7 +22,9 @@ __all__ = ['SELF_CHECK_TOL', 'output_tensor', 'accepts_kwarg', 'with_context_pas
            'refuse_mismatch', 'model_dtype']
 
 # %% ../nbs/11b_hf_patch.ipynb #c00911b
-def output_tensor(o):
+def output_tensor(
+        o,  # a module output: a tensor, tuple or list
+):
     "The tensor of a module output that may be a tuple (its first element)."
     return o[0] if isinstance(o, (tuple, list)) else o
 
@@ -442,7 +444,9 @@ def refuse_mismatch(ad: Adapter,  # the model's adapter
             "subclass, or another transformers release?), so the patches "
             "are refused.")
 
-def model_dtype(ad: Adapter) -> torch.dtype:
+def model_dtype(
+        ad: Adapter,  # the model's adapter (`check_model`)
+) -> torch.dtype:
     "The dtype of the adapted model's first floating-point parameter."
     return next(p.dtype for p in ad.base.parameters() if p.is_floating_point())
 

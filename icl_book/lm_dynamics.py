@@ -253,9 +253,15 @@ def _cat(xs):
                        torch.cat([x.v for x in xs]))
     return torch.cat(xs)
 
-def prefix_patches(model, context_ids: torch.Tensor, query_ids: torch.Tensor,
-                   mode: str = 'rank1', chunk: Optional[int] = None,
-                   check=8, seed: int = 0) -> HFPatch:
+def prefix_patches(
+        model,  # a causal `transformers` model
+        context_ids: torch.Tensor,  # one context (1, n)
+        query_ids: torch.Tensor,  # its query (1, q)
+        mode: str = 'rank1',  # 'rank1' or 'bias'
+        chunk: Optional[int] = None,  # prefixes per chunk (None: by memory)
+        check=8,  # random prefixes checked, or 'all'
+        seed: int = 0,  # seeds the checked prefixes
+) -> HFPatch:
     """The patches of every prefix c_1..i in one pass: row i-1 of (n, q).
     Open loop, self-checked in closed loop on prefixes 1, n and `check`
     random ones (drawn with `seed`), or on all with check='all'; `errors`:
@@ -298,7 +304,9 @@ def _join(ps: list) -> list:
 PARTS = {'first': "the first MLP matrices (router and experts in a MoE)",
          'last': "the MLP's last matrix", 'post': "the norm after the MLP"}
 
-def default_part(ad) -> str:
+def default_part(
+        ad,  # the model's adapter (`check_model`)
+) -> str:
     "What carries the context: last matrix (parallel), norm (post-norm)."
     return {'parallel': 'last', 'post-norm': 'post'}.get(
         ad.family.pattern, 'first')
@@ -325,9 +333,17 @@ def _check_part(ad, part) -> str:
             f"{default_part(ad)!r}")
     return part
 
-def prefix_updates(model, context_ids: torch.Tensor, query_ids: torch.Tensor,
-                   chunk: Optional[int] = None, part: Optional[str] = None,
-                   check=8, seed: int = 0, return_errors: bool = False):
+# %% ../nbs/11e_lm_dynamics.ipynb #c01812f
+def prefix_updates(
+        model,  # a causal `transformers` model
+        context_ids: torch.Tensor,  # one context (1, n)
+        query_ids: torch.Tensor,  # its query (1, q)
+        chunk: Optional[int] = None,  # prefixes per chunk (None: by memory)
+        part: Optional[str] = None,  # 'first', 'last', 'post' (None: default)
+        check=8,  # random prefixes checked, or 'all'
+        seed: int = 0,  # seeds the checked prefixes
+        return_errors: bool = False,  # also the self-check's errors
+):
     """(n, L) float64: ||ΔW(c_1..i) - ΔW(c_1..i-1)||_F, in one pass, of the
     map that carries the context: by default the first MLP matrices
     (pre-norm and MoE), the last one (parallel blocks: the MLP reads the

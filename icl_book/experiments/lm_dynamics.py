@@ -78,12 +78,9 @@ def _side_by_side(runs: dict, repeats: int) -> tuple:
             ts[k].append(time.perf_counter() - t0)
     return [sorted(v)[len(v) // 2] for v in ts.values()], out
 
-# %% ../../nbs/11e_lm_dynamics.ipynb #c02613e
-def bench_hf_trajectory(n: int = 512, loop_prefixes: int = 8,
-                        repeats: int = 1, seed: int = 0, model=None,
-                        check: int = 8) -> dict:
-    """One pass (open loop, `check` sampled) vs the closed loop on every
-    prefix vs the loop of context_patches vs one forward, side by side."""
+# %% ../../nbs/11e_lm_dynamics.ipynb #c02612e
+def _check_bench(n, loop_prefixes, repeats) -> None:
+    "Refuse counts bench_hf_trajectory cannot run with."
     for k, v in dict(n=n, loop_prefixes=loop_prefixes,
                      repeats=repeats).items():
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
@@ -91,6 +88,19 @@ def bench_hf_trajectory(n: int = 512, loop_prefixes: int = 8,
     if loop_prefixes < 2:
         raise ValueError("loop_prefixes must be >= 2: the loop's time is "
                          "extrapolated from a line through its timings")
+
+# %% ../../nbs/11e_lm_dynamics.ipynb #c02613e
+def bench_hf_trajectory(
+        n: int = 512,  # context tokens
+        loop_prefixes: int = 8,  # prefixes the loop is timed on (>= 2)
+        repeats: int = 1,  # timed runs, interleaved
+        seed: int = 0,  # seeds the random ids
+        model=None,  # None: SmolLM2-135M-Instruct
+        check: int = 8,  # random prefixes self-checked
+) -> dict:
+    """One pass (open loop, `check` sampled) vs the closed loop on every
+    prefix vs the loop of context_patches vs one forward, side by side."""
+    _check_bench(n, loop_prefixes, repeats)
     name = 'SmolLM2-135M-Instruct' if model is None else type(model).__name__
     if model is None: model, _ = load_pretrained('smollm2')
     check_length(model, check_model(model), n, 1)   # before any run
@@ -128,8 +138,13 @@ PASSAGE = ("The river rises in the hills above the town, runs past the old "
 def _tokens(tok, text: str) -> list:
     return tok(text, add_special_tokens=False).input_ids
 
-def convergence_prompt(tok, kind: str, n: int, seed: int = 0,
-                       prose: Optional[str] = None) -> torch.Tensor:
+def convergence_prompt(
+        tok,  # the model's tokenizer
+        kind: str,  # one of PROMPT_KINDS
+        n: int,  # context tokens
+        seed: int = 0,  # which prompt of the kind
+        prose: Optional[str] = None,  # the text, for kind='prose'
+) -> torch.Tensor:
     "(1, n + 1) token ids of one prompt kind: context n, then the query."
     if kind not in PROMPT_KINDS:
         raise ValueError(f"kind must be one of {PROMPT_KINDS}, got {kind!r}")
@@ -156,7 +171,9 @@ def convergence_prompt(tok, kind: str, n: int, seed: int = 0,
     return torch.tensor([(ids * reps)[:n + 1]])
 
 # %% ../../nbs/11e_lm_dynamics.ipynb #c03211e
-def readme_prose(text: str) -> str:
+def readme_prose(
+        text: str,  # a markdown file's text
+) -> str:
     "The paragraphs of a markdown file: no code, tables, headings or links."
     keep, code = [], False
     for line in text.splitlines():
@@ -166,7 +183,10 @@ def readme_prose(text: str) -> str:
         keep.append(re.sub(r'\[([^\]]*)\]\([^)]*\)', r'\1', line))
     return re.sub(r'\n{3,}', '\n\n', '\n'.join(keep)).strip()
 
-def layer_summary(U: torch.Tensor, start: float = 0.5) -> list:
+def layer_summary(
+        U: torch.Tensor,  # steps (S, n, L)
+        start: float = 0.5,  # tail fitted from this fraction of n
+) -> list:
     "Per layer of U (S, n, L): tail slope, first step / median of the rest."
     rows = []
     for l in range(U.shape[-1]):
@@ -178,7 +198,10 @@ def layer_summary(U: torch.Tensor, start: float = 0.5) -> list:
                              / u[:, 1:].median()).item()))
     return rows
 
-def log_bins(U: torch.Tensor, bins: int = 32) -> tuple:
+def log_bins(
+        U: torch.Tensor,  # steps (…, n, L)
+        bins: int = 32,  # geometric bins of 1..n
+) -> tuple:
     "Geometric bins of i = 1..n: their centres and U's mean per bin (·, L)."
     n = U.shape[-2]
     edges = sorted({round(n ** (k / bins)) for k in range(bins + 1)})

@@ -17,8 +17,12 @@ def _tokens(tok, text: str) -> list:
     return tok(text, add_special_tokens=False).input_ids
 
 # %% ../../nbs/11f_lm_monitor.ipynb #c00511f
-def fewshot_prompt(tok, k: int = 8, seed: int = 0,
-                   task: str = 'country-capital') -> dict:
+def fewshot_prompt(
+        tok,  # the model's tokenizer
+        k: int = 8,  # examples in the prompt
+        seed: int = 0,  # which examples, and which is wrong
+        task: str = 'country-capital',  # a function-vector task name
+) -> dict:
     "One few-shot prompt of `task`, right and with example j wrong, spans."
     pairs = load_task(task)
     g = torch.Generator().manual_seed(seed)
@@ -40,7 +44,10 @@ def fewshot_prompt(tok, k: int = 8, seed: int = 0,
     return out
 
 # %% ../../nbs/11f_lm_monitor.ipynb #c00521f
-def roc_auc(pos, neg) -> float:
+def roc_auc(
+        pos,  # scores of the positives
+        neg,  # scores of the negatives
+) -> float:
     "P(score of a positive > that of a negative), ties counting half."
     pos, neg = (torch.as_tensor(v, dtype=torch.float64) for v in (pos, neg))
     if pos.numel() == 0 or neg.numel() == 0:
@@ -49,7 +56,12 @@ def roc_auc(pos, neg) -> float:
     d = pos[:, None] - neg[None]
     return ((d > 0).double().mean() + 0.5 * (d == 0).double().mean()).item()
 
-def bootstrap_auc(pos, neg, reps: int = 1000, seed: int = 0) -> tuple:
+def bootstrap_auc(
+        pos,  # scores of the positives
+        neg,  # scores of the negatives (paired)
+        reps: int = 1000,  # bootstrap resamples
+        seed: int = 0,  # seeds the resampling
+) -> tuple:
     "2.5 and 97.5 percentiles of the AUC over prompts resampled (paired)."
     pos, neg = (torch.as_tensor(v, dtype=torch.float64) for v in (pos, neg))
     g = torch.Generator().manual_seed(seed)
@@ -61,7 +73,11 @@ def bootstrap_auc(pos, neg, reps: int = 1000, seed: int = 0) -> tuple:
     return a.quantile(0.025).item(), a.quantile(0.975).item()
 
 # %% ../../nbs/11f_lm_monitor.ipynb #c00811f
-def answer_surprisal(model, ids: torch.Tensor, spans: list) -> torch.Tensor:
+def answer_surprisal(
+        model,  # a causal LM
+        ids: torch.Tensor,  # the prompt (1, T)
+        spans: list,  # (start, end) of each answer
+) -> torch.Tensor:
     "(k,): -log p of each example's answer tokens given what precedes."
     with torch.no_grad():
         lp = model(ids).logits[0, :-1].double().log_softmax(-1)
@@ -76,7 +92,11 @@ def _gram(lp, rows: list) -> torch.Tensor:
         G = G + (u @ u.T) * (v @ v.T)
     return G
 
-def example_updates(P, spans: list) -> tuple:
+# %% ../../nbs/11f_lm_monitor.ipynb #c00811g
+def example_updates(
+        P,  # `prefix_patches` of the prompt
+        spans: list,  # (start, end) of each answer
+) -> tuple:
     """Per layer, from the prefix patches P: each example's mean step over
     its answer tokens (k, L), and the cosine of its total update (the patch
     after its answer minus before) to the sum of the others' (k, L)."""
@@ -120,8 +140,14 @@ def _ratio_neighbours(s: torch.Tensor) -> torch.Tensor:
     out[1:-1] = s[1:-1] / (0.5 * (s[:-2] + s[2:]))
     return out
 
-def monitor_scores(model, tok, k: int = 8, seed: int = 0,
-                   task: str = 'country-capital') -> dict:
+# %% ../../nbs/11f_lm_monitor.ipynb #c00911g
+def monitor_scores(
+        model,  # a causal LM (SmolLM2)
+        tok,  # its tokenizer
+        k: int = 8,  # examples in the prompt
+        seed: int = 0,  # which prompt
+        task: str = 'country-capital',  # a function-vector task name
+) -> dict:
     "Every detector's score (k, L + 1; last column: all layers) per version."
     pr, out = fewshot_prompt(tok, k, seed, task), {}
     for ver in ('right', 'wrong'):
@@ -137,7 +163,10 @@ def monitor_scores(model, tok, k: int = 8, seed: int = 0,
     return dict(j=pr['j'], k=k, seed=seed, task=task, **out)
 
 # %% ../../nbs/11f_lm_monitor.ipynb #c01011f
-def detector_table(res: list, reps: int = 1000) -> list:
+def detector_table(
+        res: list,  # `monitor_scores` of many prompts
+        reps: int = 1000,  # bootstrap resamples
+) -> list:
     """Rows per detector and layer ('all' = summed or averaged over layers):
     the AUC of the score at the wrong example, wrong vs right prompts (the
     position known), with a bootstrap interval; and, position unknown, the
@@ -160,7 +189,10 @@ def detector_table(res: list, reps: int = 1000) -> list:
                              task=res[0]['task']))
     return rows
 
-def combined(res: list, det: str = 'step/others') -> list:
+def combined(
+        res: list,  # `monitor_scores` of many prompts
+        det: str = 'step/others',  # the patch detector combined
+) -> list:
     """Per prompt and version, z(surprisal) + z(det, all layers) at j, each
     z-scored on the right prompts (the clean reference), no labels fitted."""
     pick = lambda d, c: torch.tensor([[r[v][d][r['j'], c].item()
