@@ -4,7 +4,7 @@
 
 # %% ../nbs/11e_lm_dynamics.ipynb #c00211e
 from __future__ import annotations
-import weakref
+import math, weakref
 from contextlib import ExitStack, contextmanager
 from typing import Optional
 import torch
