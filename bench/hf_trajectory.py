@@ -1,7 +1,7 @@
 """Every prefix's patches of SmolLM2: the one pass against the loop of
 context_patches calls and against one plain forward pass.
 
-Runs `icl_book.lm_dynamics.bench_hf_trajectory` (SmolLM2-135M-Instruct,
+Runs `icl_book.experiments.lm_dynamics.bench_hf_trajectory` (SmolLM2-135M-Instruct,
 float32, a random prompt of n context tokens and a one-token query) for each n
 and appends one JSON line per n to bench/hf_trajectory.jsonl (chapter 11e reads
 the latest line per n). Timed side by side, interleaved `--repeats` times
@@ -31,7 +31,7 @@ from pathlib import Path
 
 import torch
 
-from icl_book.lm_dynamics import bench_hf_trajectory
+from icl_book.experiments.lm_dynamics import bench_hf_trajectory
 from icl_book.weights import load_pretrained
 
 OUT = Path(__file__).with_name("hf_trajectory.jsonl")

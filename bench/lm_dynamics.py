@@ -9,7 +9,7 @@ step over the median of the rest, and the median-over-prompts steps averaged
 in geometric bins of i.
 
 `monitor`: few-shot prompts (`Input: Output` lines of a function-vector task)
-with example j right and wrong (icl_book.lm_monitor): per detector (the
+with example j right and wrong (icl_book.experiments.lm_monitor): per detector (the
 model's own surprisal of the answer; the patch step at the answer over the
 other examples' or its neighbours'; the direction of the example's update)
 and layer (and all layers), the ROC AUC wrong vs right with a bootstrap
@@ -35,11 +35,13 @@ from pathlib import Path
 
 import torch
 
-from icl_book.lm_dynamics import (PROMPT_KINDS, convergence_prompt,
-                                  layer_summary, log_bins, prefix_updates,
-                                  readme_prose)
-from icl_book.lm_monitor import (bootstrap_auc, combined, detector_table,
-                                 monitor_scores, roc_auc)
+from icl_book.lm_dynamics import prefix_updates
+from icl_book.experiments.lm_dynamics import (PROMPT_KINDS, convergence_prompt,
+                                              layer_summary, log_bins,
+                                              readme_prose)
+from icl_book.experiments.lm_monitor import (bootstrap_auc, combined,
+                                             detector_table, monitor_scores,
+                                             roc_auc)
 from icl_book.weights import load_pretrained
 
 HERE = Path(__file__).parent

@@ -45,10 +45,11 @@ def _bench(a: argparse.Namespace) -> dict:
         return bench_trajectory(n=a.n, layers=a.layers, d_model=a.d_model,
                                 seed=a.seed, repeats=a.repeats)
     if a.what == 'hf':
-        from icl_book.hf import bench_hf           # needs the hf extra
+        from icl_book.experiments.hf_patch import bench_hf  # hf extra
         return bench_hf(context=a.context, seed=a.seed)
     if a.what == 'hf-trajectory':
-        from icl_book.lm_dynamics import bench_hf_trajectory   # hf extra
+        from icl_book.experiments.lm_dynamics import (  # hf extra
+            bench_hf_trajectory)
         return bench_hf_trajectory(n=a.n, seed=a.seed, repeats=a.repeats)
     raise ValueError(f"unknown benchmark {a.what!r}")
 

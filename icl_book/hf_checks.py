@@ -11,15 +11,13 @@ from typing import NamedTuple, Optional
 import torch
 from torch import nn
 from .blocks import RankOne
-from .patch import patched_weights
 from .families import Adapter, adapter
-from .discovery import find_adapter, input_embeddings, norm_rounds
+from .discovery import find_adapter, input_embeddings
 
 # %% auto #0
 __all__ = ['LayerPatch', 'ModelState', 'HFPatch', 'check_model', 'check_ids', 'position_limit', 'check_length', 'check_mask',
            'check_types', 'check_finite', 'head_reads_outside', 'drop_pooled', 'model_state', 'weights_changed',
-           'restored', 'refuse_stale', 'check_patch', 'check_call', 'check_owner', 'claim', 'check_mode',
-           'write_weights']
+           'restored', 'refuse_stale', 'check_patch', 'check_call', 'check_owner', 'claim', 'check_mode']
 
 # %% ../nbs/11ac_hf_checks.ipynb #hf_che005
 class LayerPatch(NamedTuple):
@@ -90,7 +88,9 @@ def _dispatched(model) -> bool:
 def _training(model) -> list:
     return [n or '(the model)' for n, m in model.named_modules() if m.training]
 
-def check_model(model) -> Adapter:
+def check_model(
+        model,  # a `transformers` model (or its base model)
+) -> Adapter:
     "The model's adapter, after checking modes, dtypes and devices."
     ad = find_adapter(model)
     if train := _training(model):
@@ -119,7 +119,11 @@ def _is_ids(t) -> bool:
             and t.dtype != torch.bool)
 
 # %% ../nbs/11ac_hf_checks.ipynb #hf_che007b
-def check_ids(ad: Adapter, model, **ids: torch.Tensor) -> None:
+def check_ids(
+        ad: Adapter,  # the model's adapter (`check_model`)
+        model,  # the model
+        **ids: torch.Tensor,  # name=ids (B, T) each
+) -> None:
     "Token ids (B, T): integer, on the model's device, in the vocabulary."
     emb = input_embeddings(model).weight
     dispatched = _dispatched(model)
@@ -145,7 +149,10 @@ def check_ids(ad: Adapter, model, **ids: torch.Tensor) -> None:
         raise ValueError(f"the batch sizes differ: {shapes}")
 
 # %% ../nbs/11ac_hf_checks.ipynb #hf_che010
-def position_limit(model, ad: Adapter) -> Optional[int]:
+def position_limit(
+        model,  # the model
+        ad: Adapter,  # the model's adapter (`check_model`)
+) -> Optional[int]:
     "Positions the model's tokens can take (None: no limit is known)."
     cfg, fam = model.config, ad.family
     if fam.max_pos:                               # learned positions
@@ -158,7 +165,12 @@ def position_limit(model, ad: Adapter) -> Optional[int]:
         lim = int(lim * factor)                   # scaled RoPE reaches further
     return lim
 
-def check_length(model, ad: Adapter, n: int, q: int) -> None:
+def check_length(
+        model,  # the model
+        ad: Adapter,  # the model's adapter (`check_model`)
+        n: int,  # context length
+        q: int,  # query length
+) -> None:
     "Refuse context + query longer than the model's positions reach."
     lim = position_limit(model, ad)
     if lim is not None and n + q > lim:
@@ -175,7 +187,12 @@ def check_length(model, ad: Adapter, n: int, q: int) -> None:
             "model.config.chunk_size_feed_forward = 0 (same numbers)")
 
 # %% ../nbs/11ac_hf_checks.ipynb #hf_che010b
-def check_mask(mask, B: int, T: int, device):
+def check_mask(
+        mask,  # attention mask (B, T), or None
+        B: int,  # sequences
+        T: int,  # n + q
+        device,  # the ids' device
+):
     "An attention mask (B, T) of 0/1 over [context, query], or None."
     if mask is None: return None
     if (not isinstance(mask, torch.Tensor) or tuple(mask.shape) != (B, T)
@@ -188,7 +205,12 @@ def check_mask(mask, B: int, T: int, device):
                          f"{got}")
     return mask.to(device=device, dtype=torch.long)
 
-def check_types(types, B: int, T: int, device):
+def check_types(
+        types,  # token_type_ids (B, T), or None
+        B: int,  # sequences
+        T: int,  # n + q
+        device,  # the ids' device
+):
     "token_type_ids (B, T) over [context, query], or None."
     if types is None: return None
     if not _is_ids(types) or tuple(types.shape) != (B, T):
@@ -199,7 +221,12 @@ def check_types(types, B: int, T: int, device):
     return types.to(device)
 
 # %% ../nbs/11ac_hf_checks.ipynb #hf_che012
-def check_finite(ad: Adapter, model, ctx: list, qmask) -> None:
+def check_finite(
+        ad: Adapter,  # the model's adapter (`check_model`)
+        model,  # the model
+        ctx: list,  # `with_context_pass` records
+        qmask,  # query mask (B, q), or None
+) -> None:
     "Refuse when transformers' own run of [context, query] is not finite."
     for l, k in enumerate(ctx):
         out = k['out'] if qmask is None else k['out'][qmask.bool()]
@@ -220,7 +247,10 @@ def check_finite(ad: Adapter, model, ctx: list, qmask) -> None:
 _POOLING = ('SequenceClassification', 'NextSentencePrediction',
             'PreTraining', 'MultipleChoice')
 
-def head_reads_outside(model, ad: Adapter) -> Optional[str]:
+def head_reads_outside(
+        model,  # the model (with its head)
+        ad: Adapter,  # the model's adapter (`check_model`)
+) -> Optional[str]:
     "Why the model's head reads a position outside the query, or None."
     name = type(model).__name__
     enc = ad.family.pattern == 'post-LN' or ad.family.encoder
@@ -232,7 +262,9 @@ def head_reads_outside(model, ad: Adapter) -> Optional[str]:
                 "last_hidden_state at the query positions")
     return None
 
-def drop_pooled(out):
+def drop_pooled(
+        out,  # the base model's output (tuple or ModelOutput)
+):
     "The base model's output without the pooled position-0 vector."
     if isinstance(out, tuple):
         return out[:1] + (None,) + out[2:]
@@ -240,7 +272,9 @@ def drop_pooled(out):
                         if k != 'pooler_output'})
 
 # %% ../nbs/11ac_hf_checks.ipynb #hf_che016
-def model_state(ad: Adapter) -> ModelState:
+def model_state(
+        ad: Adapter,  # the model's adapter (`check_model`)
+) -> ModelState:
     "Version counters of the weights and the rotary state, now."
     vs = {n: (p.data_ptr(), p._version) for n, p in
           ad.base.named_parameters() if p.device.type != 'meta'}
@@ -250,23 +284,35 @@ def model_state(ad: Adapter) -> ModelState:
                 if isinstance(getattr(m, 'inv_freq', None), torch.Tensor))
     return ModelState(vs, rot)
 
-def weights_changed(before: ModelState, now: ModelState) -> list:
+def weights_changed(
+        before: ModelState,  # state when the patches were made
+        now: ModelState,  # state now
+) -> list:
     "Names of the parameters replaced or written in place since `before`."
     return [n for n, v in before.versions.items()
             if now.versions.get(n, v) != v]
 
-def restored(state: ModelState, ad: Adapter, params: list) -> None:
+def restored(
+        state: ModelState,  # the patches' state (updated)
+        ad: Adapter,  # the model's adapter (`check_model`)
+        params: list,  # parameters written and restored
+) -> None:
     "Accept the counters of weights written and restored bit for bit."
     mine, now = {id(p) for p in params}, model_state(ad).versions
     state.versions.update({n: now[n] for n, p in ad.base.named_parameters()
                            if id(p) in mine and n in now})
 
+# %% ../nbs/11ac_hf_checks.ipynb #hf_che016b
 def _rotary_same(m: nn.Module, rec) -> bool:
     inv = rec[1].to(m.inv_freq.device)
     return (getattr(m, 'attention_scaling', None) == rec[2] and
             m.inv_freq.shape == inv.shape and torch.equal(m.inv_freq, inv))
 
-def refuse_stale(ad: Adapter, before: ModelState, when: str) -> None:
+def refuse_stale(
+        ad: Adapter,  # the model's adapter (`check_model`)
+        before: ModelState,  # state the patches were made in
+        when: str,  # where, for the message
+) -> None:
     "Raise if weights changed since the patches were computed."
     if bad := weights_changed(before, model_state(ad)):
         raise ValueError(
@@ -276,7 +322,10 @@ def refuse_stale(ad: Adapter, before: ModelState, when: str) -> None:
             "context_patches")
 
 # %% ../nbs/11ac_hf_checks.ipynb #hf_che018
-def check_patch(ad: Adapter, patches) -> None:
+def check_patch(
+        ad: Adapter,  # the model's adapter (`check_model`)
+        patches,  # an `HFPatch` for this model
+) -> None:
     "Refuse patches of another model, shape of model or dtype."
     check_owner(ad, entering=True)
     if not isinstance(patches, HFPatch):
@@ -327,7 +376,11 @@ def _refuse_kwargs(kwargs: dict) -> None:
         "for it: omit it, or compute the patches with it")
 
 # %% ../nbs/11ac_hf_checks.ipynb #hf_che018c
-def check_call(p: HFPatch, args, kwargs):
+def check_call(
+        p: HFPatch,  # the patches in use
+        args,  # the base model's call args
+        kwargs,  # its keyword arguments
+):
     "Inside patched: the query, positions, mask and types must be the patch's."
     ids = kwargs.get('input_ids', args[0] if args else None)
     if ids is None or any(a is not None for a in args[1:]):
@@ -365,7 +418,10 @@ def check_call(p: HFPatch, args, kwargs):
 _ACTIVE = weakref.WeakKeyDictionary()   # base model -> owning thread id
 _LOCK = threading.Lock()
 
-def check_owner(ad: Adapter, entering: bool = False) -> None:
+def check_owner(
+        ad: Adapter,  # the model's adapter (`check_model`)
+        entering: bool = False,  # a new `patched` block is opening
+) -> None:
     "Refuse a second block on a patched model, or another thread's call."
     owner, me = _ACTIVE.get(ad.base), threading.get_ident()
     if owner is None or owner == me and not entering: return
@@ -376,14 +432,20 @@ def check_owner(ad: Adapter, entering: bool = False) -> None:
             if owner == me else " in another thread: one model object "
             "holds one patch at a time; give each thread its own copy"))
 
-def claim(st: ExitStack, ad: Adapter) -> None:
+def claim(
+        st: ExitStack,  # releases the claim when closed
+        ad: Adapter,  # the model's adapter (`check_model`)
+) -> None:
     "Mark the model patched by this thread (released when `st` closes)."
     with _LOCK:
         check_owner(ad, entering=True)
         _ACTIVE[ad.base] = threading.get_ident()
     st.callback(_ACTIVE.pop, ad.base, None)
 
-def check_mode(ad: Adapter, model) -> None:
+def check_mode(
+        ad: Adapter,  # the model's adapter (`check_model`)
+        model,  # the model (checked for train())
+) -> None:
     "Refuse a call inside patched after model.train()."
     if train := _training(model):
         raise ValueError(
@@ -404,59 +466,3 @@ def _moe_last(Ps: tuple, r: RankOne, b: int, t: int) -> list:
         v = r.v[b, t, o:o + k].reshape(*P.shape[:-2], P.shape[-1]); o += k
         out.append(r.u[b, t][:, None] * v[..., None, :])
     return out
-
-# %% ../nbs/11ac_hf_checks.ipynb #hf_che025b
-def write_weights(st: ExitStack, ad: Adapter, patches: HFPatch,
-                  written: list) -> None:
-    "Add the patch of one token to the weights; `st` restores them."
-    if patches.shape != (1, 1):
-        raise ValueError(
-            "inplace=True writes one matrix per layer, so it needs the patch "
-            "of one query token of one sequence; this one has (B, q) = "
-            f"{patches.shape}. Use the default inplace=False.")
-    flat = lambda r: RankOne(r.u.reshape(-1), r.v.reshape(-1))
-
-    def write(param, upd, what):
-        if param is None:
-            raise ValueError(f"the {ad.name}'s {what} has no bias to write "
-                             "the steering vector into: use mode='rank1' or "
-                             "inplace=False")
-        if param.device.type == 'meta':
-            raise ValueError("inplace=True cannot write into offloaded "
-                             "weights: use the default inplace=False")
-        written.append(param)    # first: a Ctrl-C may land inside the write
-        st.enter_context(patched_weights(param, upd.detach().to(param.dtype)))
-
-    for lay, p in zip(ad.layers, patches.layers):
-        if lay.moe is not None:                 # parameters, 2-D or 3-D
-            for P, r in zip(lay.first, p.dW):
-                write(P, _moe_first(P, r, 0, 0), 'router or expert')
-            if p.dW_out is not None:
-                for P, D in zip(lay.last, _moe_last(lay.last, p.dW_out,
-                                                    0, 0)):
-                    write(P, D, 'down projection')
-            if p.db_out is not None:
-                write(None, None, 'mixture of experts (its down projections)')
-            continue
-        edits = list(zip(lay.first, p.dW))
-        if p.dW_out is not None: edits.append((lay.last, p.dW_out))
-        for m, r in edits:
-            r = flat(r)
-            if not isinstance(m, nn.Linear): r = RankOne(r.v, r.u)  # Conv1D
-            write(m.weight, r.dense(), 'linear map')
-        if p.db_out is not None:
-            m = lay.post if lay.post is not None else lay.last
-            write(getattr(m, 'bias', None), p.db_out.reshape(-1),
-                  'norm after the MLP' if lay.post is not None
-                  else 'last MLP matrix')
-        if p.ds_post is not None:               # s = offset + w -> s (1 + ρ)
-            w = lay.post.weight
-            if w.device.type != 'meta' and norm_rounds(lay.post,
-                                                       w.dtype):
-                raise ValueError(
-                    f"the {ad.name}'s norm after the MLP computes in "
-                    "float32 even in this float64 model, so a scale written "
-                    "into its weight would be rounded to float32; use the "
-                    "default inplace=False (exact)")
-            write(w, (ad.family.post_offset + w.to(p.ds_post.dtype))
-                  * p.ds_post.reshape(-1), 'norm after the MLP')

@@ -4,7 +4,7 @@
 
 # %% ../nbs/11e_lm_dynamics.ipynb #c00211e
 from __future__ import annotations
-import math, time, weakref
+import math, weakref
 from contextlib import ExitStack, contextmanager
 from typing import Optional
 import torch
@@ -12,17 +12,15 @@ from .core import rel_err
 from .blocks import RankOne
 from .deep import PATCH_MODES
 from .families import linear_weight
-from .hf import (HFPatch, LayerPatch, SELF_CHECK_TOL, accepts_kwarg,
-                         check_ids, check_length, check_model,
-                         closed_loop_pass, context_patches, model_dtype,
-                         patched, refuse_mismatch, with_context_pass)
-from .weights import load_pretrained
-from .trajectories import tail_slope
-from .compress import load_task
+from .hf_checks import (HFPatch, LayerPatch, check_ids,
+                                check_length, check_model)
+from .hf_patch import (
+    SELF_CHECK_TOL, accepts_kwarg, closed_loop_pass, context_patches,
+    model_dtype, output_tensor, refuse_mismatch, with_context_pass)
+from .hf_apply import patched
 
 # %% auto #0
-__all__ = ['PARTS', 'PROMPT_KINDS', 'PASSAGE', 'prefix_patches', 'default_part', 'prefix_updates', 'bench_hf_trajectory',
-           'convergence_prompt', 'readme_prose', 'layer_summary', 'log_bins']
+__all__ = ['PARTS', 'prefix_patches', 'default_part', 'prefix_updates', 'token_updates_loop', 'token_updates']
 
 # %% ../nbs/11e_lm_dynamics.ipynb #c00511e
 def _window(ad, model) -> tuple:
@@ -184,8 +182,7 @@ def _sample_check(ad, model, ctx, layers, ids, pos, mode, rows) -> tuple:
                       for p in layers), 0, mode, ad.name, ad.family.name,
                 ids[rows], pos[rows], None, (), weakref.ref(ad.base))
     outs = {}                          # the hook records, returns None
-    keep = lambda l: lambda m, a, o: outs.__setitem__(
-        l, o[0] if isinstance(o, (tuple, list)) else o)
+    keep = lambda l: lambda m, a, o: outs.__setitem__(l, output_tensor(o))
     with patched(model, P), ExitStack() as st:
         for l, lay in enumerate(ad.layers):
             st.callback(lay.block.register_forward_hook(keep(l)).remove)
@@ -256,9 +253,15 @@ def _cat(xs):
                        torch.cat([x.v for x in xs]))
     return torch.cat(xs)
 
-def prefix_patches(model, context_ids: torch.Tensor, query_ids: torch.Tensor,
-                   mode: str = 'rank1', chunk: Optional[int] = None,
-                   check=8, seed: int = 0) -> HFPatch:
+def prefix_patches(
+        model,  # a causal `transformers` model
+        context_ids: torch.Tensor,  # one context (1, n)
+        query_ids: torch.Tensor,  # its query (1, q)
+        mode: str = 'rank1',  # 'rank1' or 'bias'
+        chunk: Optional[int] = None,  # prefixes per chunk (None: by memory)
+        check=8,  # random prefixes checked, or 'all'
+        seed: int = 0,  # seeds the checked prefixes
+) -> HFPatch:
     """The patches of every prefix c_1..i in one pass: row i-1 of (n, q).
     Open loop, self-checked in closed loop on prefixes 1, n and `check`
     random ones (drawn with `seed`), or on all with check='all'; `errors`:
@@ -301,7 +304,9 @@ def _join(ps: list) -> list:
 PARTS = {'first': "the first MLP matrices (router and experts in a MoE)",
          'last': "the MLP's last matrix", 'post': "the norm after the MLP"}
 
-def default_part(ad) -> str:
+def default_part(
+        ad,  # the model's adapter (`check_model`)
+) -> str:
     "What carries the context: last matrix (parallel), norm (post-norm)."
     return {'parallel': 'last', 'post-norm': 'post'}.get(
         ad.family.pattern, 'first')
@@ -328,9 +333,17 @@ def _check_part(ad, part) -> str:
             f"{default_part(ad)!r}")
     return part
 
-def prefix_updates(model, context_ids: torch.Tensor, query_ids: torch.Tensor,
-                   chunk: Optional[int] = None, part: Optional[str] = None,
-                   check=8, seed: int = 0, return_errors: bool = False):
+# %% ../nbs/11e_lm_dynamics.ipynb #c01812f
+def prefix_updates(
+        model,  # a causal `transformers` model
+        context_ids: torch.Tensor,  # one context (1, n)
+        query_ids: torch.Tensor,  # its query (1, q)
+        chunk: Optional[int] = None,  # prefixes per chunk (None: by memory)
+        part: Optional[str] = None,  # 'first', 'last', 'post' (None: default)
+        check=8,  # random prefixes checked, or 'all'
+        seed: int = 0,  # seeds the checked prefixes
+        return_errors: bool = False,  # also the self-check's errors
+):
     """(n, L) float64: ||ΔW(c_1..i) - ΔW(c_1..i-1)||_F, in one pass, of the
     map that carries the context: by default the first MLP matrices
     (pre-norm and MoE), the last one (parallel blocks: the MLP reads the
@@ -351,150 +364,52 @@ def prefix_updates(model, context_ids: torch.Tensor, query_ids: torch.Tensor,
     U = torch.cat(out)                               # (n, L)
     return (U, tuple(map(max, zip(*errs)))) if return_errors else U
 
-# %% ../nbs/11e_lm_dynamics.ipynb #c02611e
-def _loop_step(model, C, x, i: int, part: str, prev=None) -> tuple:
-    "The loop's step (L,) at prefix i, its factors, and (length, seconds)."
-    t0 = time.perf_counter()
-    p = context_patches(model, C[:, :i], x)
-    dt, ad = time.perf_counter() - t0, check_model(model)
-    now = [_factors(ad, l, lp, part) for l, lp in enumerate(p.layers)]
-    if prev is None:
-        prev = [[RankOne(torch.zeros_like(r.u), r.v) for r in ps]
-                for ps in now]
-    step = torch.stack([_steps(a, b)[0] for a, b in zip(now, prev)])
-    return step, now, (i, dt)
+# %% ../nbs/11e_lm_dynamics.ipynb #c04611e
+def token_updates_loop(
+        model,                       # a causal `transformers` model
+        context_ids: torch.Tensor,   # one context (1, n)
+        query_ids: torch.Tensor,     # its query (1, q)
+) -> torch.Tensor:
+    "token_updates of the first matrices, one context_patches per prefix."
+    if not isinstance(context_ids, torch.Tensor) or context_ids.shape[0] != 1:
+        raise ValueError("token_updates takes one sequence: context_ids "
+                         "(1, n)")
+    prev, steps = None, []
+    for i in range(1, context_ids.shape[1] + 1):
+        p = context_patches(model, context_ids[:, :i], query_ids)
+        now = [[RankOne(r.u[0, -1], r.v[0, -1]) for r in lay.dW]
+               for lay in p.layers]                   # last query token
+        steps.append(torch.stack([                    # all first matrices
+            sum((P.diff_norm(Q) if prev else P.norm()) ** 2
+                for P, Q in zip(Ps, Qs)).sqrt()
+            for Ps, Qs in zip(now, prev or now)]))
+        prev = now
+    return torch.stack(steps)                          # (n, L)
 
-def _loop_time(model, C, x, U, n: int, k: int) -> tuple:
-    "The loop's time extrapolated from k prefixes, and its largest diff."
-    part, pts, diffs = default_part(check_model(model)), [], []
-    for i in sorted({round(1 + j * (n - 1) / (k - 1)) for j in range(k)}):
-        prev = None
-        if i > 1:
-            _, prev, t = _loop_step(model, C, x, i - 1, part); pts.append(t)
-        step, _, t = _loop_step(model, C, x, i, part, prev); pts.append(t)
-        diffs.append(rel_err(U[i - 1], step))
-    L_, T_ = (torch.tensor(v, dtype=torch.float64) for v in zip(*pts))
-    b = ((L_ - L_.mean()) * (T_ - T_.mean())).sum() / (
-        (L_ - L_.mean()) ** 2).sum()
-    a = T_.mean() - b * L_.mean()
-    return (n * a + b * n * (n + 1) / 2).item(), len(pts), a, b, max(diffs)
-
-def _side_by_side(runs: dict, repeats: int) -> tuple:
-    "Median seconds of each run, interleaved `repeats` times; last results."
-    ts, out = {k: [] for k in runs}, {}
-    for _ in range(repeats):
-        for k, f in runs.items():
-            t0 = time.perf_counter(); out[k] = f()
-            ts[k].append(time.perf_counter() - t0)
-    return [sorted(v)[len(v) // 2] for v in ts.values()], out
-
-# %% ../nbs/11e_lm_dynamics.ipynb #c02613e
-def bench_hf_trajectory(n: int = 512, loop_prefixes: int = 8,
-                        repeats: int = 1, seed: int = 0, model=None,
-                        check: int = 8) -> dict:
-    """One pass (open loop, `check` sampled) vs the closed loop on every
-    prefix vs the loop of context_patches vs one forward, side by side."""
-    for k, v in dict(n=n, loop_prefixes=loop_prefixes,
-                     repeats=repeats).items():
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise ValueError(f"{k} must be a positive integer, got {v!r}")
-    if loop_prefixes < 2:
-        raise ValueError("loop_prefixes must be >= 2: the loop's time is "
-                         "extrapolated from a line through its timings")
-    name = 'SmolLM2-135M-Instruct' if model is None else type(model).__name__
-    if model is None: model, _ = load_pretrained('smollm2')
-    check_length(model, check_model(model), n, 1)   # before any run
-    g = torch.Generator().manual_seed(seed)
-    V = model.get_input_embeddings().weight.shape[0]
-    ids = torch.randint(0, V, (1, n + 1), generator=g)
-    C, x = ids[:, :n], ids[:, n:]
-    runs = dict(one=lambda: prefix_updates(model, C, x, check=check,
-                                           return_errors=True),
-                closed=lambda: prefix_updates(model, C, x, check='all'),
-                fwd=torch.no_grad()(lambda: model(ids)))
-    prefix_updates(model, C[:, :4], x); runs['fwd']()      # warm-up
-    (one, closed, fwd), out = _side_by_side(runs, repeats)
-    (U, errs), U_all = out['one'], out['closed']
-    loop, calls, a, b, diff = _loop_time(model, C, x, U, n, loop_prefixes)
-    return dict(model=name, n=n, query=1, repeats=repeats,
-                threads=torch.get_num_threads(), check_prefixes=len(
-                    _sample(n, check, seed)), onepass_s=round(one, 4),
-                closed_s=round(closed, 4), forward_s=round(fwd, 4),
-                loop_s=round(loop, 2), loop_timed_calls=calls,
-                loop_s_per_token=round(b.item(), 7),
-                speedup=round(loop / one, 1),
-                forward_ratio=round(one / fwd, 2),
-                forward_ratio_closed=round(closed / fwd, 2),
-                check_max_err=float(f"{max(errs):.2e}"),
-                open_vs_closed=float(f"{rel_err(U, U_all):.2e}"),
-                max_rel_diff=float(f"{diff:.2e}"))
-
-# %% ../nbs/11e_lm_dynamics.ipynb #c03111e
-PROMPT_KINDS = ('prose', 'few-shot', 'repeated', 'random')
-PASSAGE = ("The river rises in the hills above the town, runs past the old "
-           "mill and the school, and reaches the sea after a long bend "
-           "through the marshes, where the herons wait in the shallows.\n")
-
-def _tokens(tok, text: str) -> list:
-    return tok(text, add_special_tokens=False).input_ids
-
-def convergence_prompt(tok, kind: str, n: int, seed: int = 0,
-                       prose: Optional[str] = None) -> torch.Tensor:
-    "(1, n + 1) token ids of one prompt kind: context n, then the query."
-    if kind not in PROMPT_KINDS:
-        raise ValueError(f"kind must be one of {PROMPT_KINDS}, got {kind!r}")
-    if kind == 'random':
-        g = torch.Generator().manual_seed(seed)
-        return torch.randint(0, len(tok), (1, n + 1), generator=g)
-    if kind == 'prose':
-        if not prose:
-            raise ValueError("kind='prose' needs the text: pass prose=...")
-        ids = _tokens(tok, prose)
-        if len(ids) < n + 1:
-            raise ValueError(f"the prose has {len(ids)} tokens, fewer than "
-                             f"n + 1 = {n + 1}: give a longer text")
-        lo = min(seed * 256, len(ids) - n - 1)
-        return torch.tensor([ids[lo:lo + n + 1]])
-    if kind == 'repeated': ids = _tokens(tok, PASSAGE)
-    else:
-        pairs = load_task('country-capital')
-        g = torch.Generator().manual_seed(seed)
-        ids = []
-        for k in torch.randperm(len(pairs), generator=g).tolist():
-            ids += _tokens(tok, f"{pairs[k][0]}: {pairs[k][1]}\n")
-    reps = -(-(n + 1) // len(ids))
-    return torch.tensor([(ids * reps)[:n + 1]])
-
-# %% ../nbs/11e_lm_dynamics.ipynb #c03211e
-def readme_prose(text: str) -> str:
-    "The paragraphs of a markdown file: no code, tables, headings or links."
-    import re
-    keep, code = [], False
-    for line in text.splitlines():
-        if line.strip().startswith('```'): code = not code; continue
-        if code or line.lstrip().startswith(('|', '#', '<', '!', '>')):
-            continue
-        keep.append(re.sub(r'\[([^\]]*)\]\([^)]*\)', r'\1', line))
-    return re.sub(r'\n{3,}', '\n\n', '\n'.join(keep)).strip()
-
-def layer_summary(U: torch.Tensor, start: float = 0.5) -> list:
-    "Per layer of U (S, n, L): tail slope, first step / median of the rest."
-    rows = []
-    for l in range(U.shape[-1]):
-        u = U[..., l].double()                       # (S, n)
-        rows.append(dict(
-            layer=l, slope=tail_slope(u, start),
-            slope_wide=tail_slope(u, 1 / 16),
-            first_over_rest=(u[:, 0].median()
-                             / u[:, 1:].median()).item()))
-    return rows
-
-def log_bins(U: torch.Tensor, bins: int = 32) -> tuple:
-    "Geometric bins of i = 1..n: their centres and U's mean per bin (·, L)."
-    n = U.shape[-2]
-    edges = sorted({round(n ** (k / bins)) for k in range(bins + 1)})
-    centres, means = [], []
-    for a, b in zip(edges[:-1], edges[1:]):
-        centres.append(math.sqrt(a * (b - 1)) if b - 1 > a else float(a))
-        means.append(U[..., a - 1:b - 1, :].mean(-2))
-    return centres, torch.stack(means, -2)
+# %% ../nbs/11e_lm_dynamics.ipynb #c04612e
+def token_updates(
+        model,                       # a causal `transformers` model
+        context_ids: torch.Tensor,   # one context (1, n)
+        query_ids: torch.Tensor,     # its query (1, q)
+        method: str = 'one-pass',    # 'one-pass' or 'loop' (the reference)
+        chunk=None,                  # prefixes per chunk (None: by memory)
+        part=None,                   # 'first', 'last', 'post' (None: default)
+        check=8,                     # random prefixes self-checked, or 'all'
+        seed: int = 0,               # seeds the checked prefixes
+) -> torch.Tensor:
+    "(n, L): ||ΔW(c_1..i) - ΔW(c_1..i-1)||_F per context token and layer."
+    if method == 'loop':
+        pattern = check_model(model).family.pattern
+        if part not in (None, 'first') or part is None and pattern in (
+                'parallel', 'post-norm'):            # first maps never move
+            raise ValueError(
+                "method='loop' measures the first MLP matrices, which a "
+                f"{pattern} block's context does not reach: use the one-pass "
+                "default (it measures the map that carries the context) with "
+                "check='all', or part='first' for the loop's own measure")
+        return token_updates_loop(model, context_ids, query_ids)
+    if method != 'one-pass':
+        raise ValueError(f"method must be 'one-pass' or 'loop', got "
+                         f"{method!r}")
+    return prefix_updates(model, context_ids, query_ids, chunk=chunk,
+                          part=part, check=check, seed=seed)

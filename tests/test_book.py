@@ -322,14 +322,14 @@ KNOWN = {
     # page -> table labels (caption number: first headers)
     "table-too-wide": {
         "nbs/11a_families": ["pattern | first | last"],
-        "nbs/11b_hf_patch": ["Table 12: pattern | ΔW on | δ (rank1) on"],
+        "nbs/11ba_hf_apply": ["Table 12: pattern | ΔW on | δ (rank1) on"],
         "nbs/12_cli": ["key | value | key"],
     },
     "math-error": {},          # page -> the red/erroneous TeX
     "raw-tex": {},             # page -> text around the TeX outside maths
     "uncaptioned-table": {     # page -> the table's first header cells
         "nbs/11a_families": ["pattern | first | last"],
-        "nbs/11b_hf_patch": ["bfloat16 | float16 | bert"],
+        "nbs/11ba_hf_apply": ["bfloat16 | float16 | bert"],
         "nbs/12_cli": ["key | value | key"],
     },
     "progress-bar": {},        # page -> the matched output text
@@ -338,7 +338,6 @@ KNOWN = {
         "nbs/04a_trajectories": ["Both were dropped", "2-core machine"],
         "nbs/11_weights": ["no machine that builds this book",
                               "No machine that builds this book"],
-        "nbs/11b_hf_patch": ["for old imports"],
         "nbs/reproduction": ["not in the available text"],   # the monitoring row
     },
     "glued-plural": {          # page -> the matched words

@@ -21,11 +21,13 @@ from hypothesis import given, settings, strategies as st  # noqa: E402
 
 from icl_book.core import rel_err  # noqa: E402
 from conftest import model_output as output, random_ids as ids, snapshot  # noqa: E402
-from icl_book.hf import (SUPPORTED, HFPatch, bench_hf, compression_metrics,  # noqa: E402
-                         context_patches, fit_thought_patch,
+from icl_book.hf import (SUPPORTED, HFPatch, context_patches,  # noqa: E402
                          generate_without_context, load_pretrained, missing,
-                         pad_batch, patch_errors, patched, teacher_forced,
-                         tiny_model, token_updates, weights_path)
+                         patch_errors, patched, tiny_model, token_updates,
+                         weights_path)
+from icl_book.lm_thought import (compression_metrics,  # noqa: E402
+                                 fit_thought_patch, pad_batch, teacher_forced)
+from icl_book.experiments.hf_patch import bench_hf  # noqa: E402
 
 ARCHS = ("gpt2", "llama", "bert")
 TOL = {"float64": 1e-10, "float32": 1e-4}

@@ -3,6 +3,7 @@ icl_book.hf.patched: each is exact, or refused with a message naming the
 cause. Tiny random models only (cheap)."""
 import io
 import random
+import re
 import signal
 import sys
 import threading
@@ -298,6 +299,18 @@ def test_context_patches_refuse_bad_min_norm(kw, words):
     m = tiny_model("llama", "float64", layers=1, d=16)
     with pytest.raises(ValueError, match=words):
         context_patches(m, ids(1, 4, 0), ids(1, 1, 1), **kw)
+
+
+@pytest.mark.parametrize("arch,where", [
+    ("llama", "layer 0: the context-free MLP input is (nearly) zero"),
+    ("mixtral", "layer 0: the context-free MoE input is (nearly) zero"),
+])
+def test_closed_loop_refuses_inputs_below_min_norm(arch, where):
+    "The closed loop's guard: a first-map input below min_norm is refused."
+    m = tiny_model(arch, "float64", layers=1, d=16)
+    with pytest.raises(ValueError, match=re.escape(where)):
+        context_patches(m, ids(1, 4, 0), ids(1, 1, 1), min_norm=1e30)
+    context_patches(m, ids(1, 4, 0), ids(1, 1, 1), min_norm=1e-30)   # passes
 
 
 def test_generation_refuses_a_bool_token_count():

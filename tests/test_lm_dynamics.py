@@ -21,9 +21,9 @@ from icl_book.core import rel_err  # noqa: E402
 from icl_book.hf import (context_patches, missing,  # noqa: E402
                          patched, tiny_model, token_updates,
                          token_updates_loop)
-from icl_book.lm_dynamics import (bench_hf_trajectory,  # noqa: E402
-                                  convergence_prompt, prefix_patches,
-                                  prefix_updates, PROMPT_KINDS)
+from icl_book.lm_dynamics import prefix_patches, prefix_updates  # noqa: E402
+from icl_book.experiments.lm_dynamics import (  # noqa: E402
+    PROMPT_KINDS, bench_hf_trajectory, convergence_prompt)
 
 PATTERNS = ("llama", "gpt2", "gpt_neox")
 from _marks import needs_smollm2  # noqa: E402

@@ -11,10 +11,9 @@ pytest.importorskip("transformers", reason="the hf extra is not installed: "
 from conftest import random_ids  # noqa: E402
 from icl_book.hf import missing, tiny_model  # noqa: E402
 from icl_book.lm_dynamics import prefix_patches  # noqa: E402
-from icl_book.lm_monitor import (DETECTORS, answer_surprisal,  # noqa: E402
-                                 bootstrap_auc, detector_table,
-                                 example_updates, fewshot_prompt,
-                                 monitor_scores, roc_auc)
+from icl_book.experiments.lm_monitor import (  # noqa: E402
+    DETECTORS, answer_surprisal, bootstrap_auc, detector_table,
+    example_updates, fewshot_prompt, monitor_scores, roc_auc)
 
 from _marks import needs_smollm2  # noqa: E402
 
