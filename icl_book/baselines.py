@@ -8,8 +8,8 @@ from contextlib import ExitStack, contextmanager
 from typing import Optional
 import torch
 from .hf_checks import check_model
-from .lm_thought import (prompt_cache, grown_cache, after_prompt,
-                                 layer_output)
+from .hf_patch import output_tensor
+from .lm_thought import prompt_cache, grown_cache, after_prompt
 from .task_suite import Split, TaskData, demo_text, token_ids
 
 # %% auto #0
@@ -62,7 +62,7 @@ def icl_states(model,      # a supported transformers model
         for l, lay in enumerate(arch.layers if 'out' in parts else ()):
             st.callback(lay.block.register_forward_hook(
                 lambda m, x, o, l=l: out.__setitem__(
-                    l, layer_output(o)[rows, last])).remove)
+                    l, output_tensor(o)[rows, last])).remove)
         for l, o_proj in enumerate(attention_heads(model)[0] if z_on else ()):
             st.callback(o_proj.register_forward_pre_hook(
                 lambda m, x, l=l: z.__setitem__(l, x[0][rows, last])).remove)
@@ -94,7 +94,7 @@ def stream_edit(model,                 # a supported transformers model
         state['fresh'] = c is None or c.get_seq_length() == 0
 
     def hook(m, args, o):
-        h = layer_output(o)
+        h = output_tensor(o)
         if at is None and not state['fresh']: return o
         pos = (torch.full((h.shape[0],), h.shape[1] - 1) if at is None
                else at).to(h.device)
@@ -157,7 +157,7 @@ def _rows_edit(arch, lay_of, vecs, mode: str):
     "Row r's last position after layer lay_of[r]: replaced by / plus vec."
     def hook(o, l):
         idx = (lay_of == l).nonzero().flatten()
-        h = layer_output(o).clone()
+        h = output_tensor(o).clone()
         v = vecs[l].to(h)
         h[idx, -1] = v if mode == 'replace' else h[idx, -1] + v
         return (h,) + tuple(o[1:]) if isinstance(o, tuple) else h

@@ -278,7 +278,7 @@ def patch_errors(model,             # a described `transformers` model
                  mode: str = 'rank1',  # 'rank1' or 'bias'
                  attention_mask=None,  # mask of [context, query], or None
                 ) -> dict:
-    "Relative errors of the patched query-only run, per layer and output."
+    "Relative errors of the patched query-only run, per layer and output: `deep.patch_errors` for transformers models."
     p = context_patches(model, context_ids, query_ids, mode,
                         attention_mask=attention_mask)
     ad, n = check_model(model), p.start

@@ -16,7 +16,7 @@ from .discovery import find_adapter, input_embeddings
 
 # %% auto #0
 __all__ = ['LayerPatch', 'ModelState', 'HFPatch', 'check_model', 'check_ids', 'position_limit', 'check_length', 'check_mask',
-           'check_types', 'check_finite', 'head_reads_outside', 'drop_pooled', 'model_state', 'weights_changed',
+           'check_types', 'check_finite_run', 'head_reads_outside', 'drop_pooled', 'model_state', 'weights_changed',
            'restored', 'refuse_stale', 'check_patch', 'check_call', 'check_owner', 'claim', 'check_mode']
 
 # %% ../nbs/11ac_hf_checks.ipynb #hf_che005
@@ -221,7 +221,7 @@ def check_types(
     return types.to(device)
 
 # %% ../nbs/11ac_hf_checks.ipynb #hf_che012
-def check_finite(
+def check_finite_run(
         ad: Adapter,  # the model's adapter (`check_model`)
         model,  # the model
         ctx: list,  # `with_context_pass` records

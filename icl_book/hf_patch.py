@@ -15,7 +15,7 @@ from .deep import PATCH_MODES
 from .families import Adapter
 from .hf_checks import (
     LayerPatch, HFPatch, check_model, check_ids, check_length, check_mask,
-    check_types, check_finite, model_state, _moe_first, _moe_last)
+    check_types, check_finite_run, model_state, _moe_first, _moe_last)
 
 # %% auto #0
 __all__ = ['SELF_CHECK_TOL', 'output_tensor', 'accepts_kwarg', 'with_context_pass', 'context_patches', 'closed_loop_pass',
@@ -236,7 +236,7 @@ def context_patches(
         check: bool = True,          # refuse a layer off its output
         token_type_ids=None,         # token types of [context, query]
 ) -> HFPatch:
-    "Per-layer, per-position patches making the query alone act as [C, x]."
+    "Per-layer, per-position patches making the query alone act as [C, x]: `deep.context_patches` for transformers models."
     ad = check_model(model)
     if mode not in PATCH_MODES:
         raise ValueError(f"mode must be one of {PATCH_MODES}, got {mode!r}")
@@ -251,7 +251,7 @@ def context_patches(
     with torch.no_grad(), torch.inference_mode(False):
         full = torch.cat([context_ids, query_ids], 1)
         ctx = with_context_pass(ad, full, mask, n, **kw)
-        check_finite(ad, model, ctx, qmask)
+        check_finite_run(ad, model, ctx, qmask)
         pos = (torch.arange(n, n + q, device=query_ids.device).expand(B, q)
                if accepts_kwarg(ad.base, 'position_ids') else None)
         qt = None if tt is None else tt[:, n:]

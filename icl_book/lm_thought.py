@@ -16,8 +16,8 @@ from .hf_checks import check_model
 # %% auto #0
 __all__ = ['THOUGHT_KINDS', 'hook_layers', 'pad_batch', 'prompt_states', 'reduced_rank_fit', 'patch_numel', 'budget_rank',
            'truncate', 'low_rank_factors', 'progress', 'check_writable', 'fit_thought_patch', 'call_positions',
-           'split_first', 'last_add', 'thought_patched', 'teacher_forced', 'compression_metrics', 'layer_output',
-           'prompt_cache', 'grown_cache', 'after_prompt', 'icl_logprobs']
+           'split_first', 'last_add', 'thought_patched', 'teacher_forced', 'compression_metrics', 'prompt_cache',
+           'grown_cache', 'after_prompt', 'icl_logprobs']
 
 # %% ../nbs/11c_lm_thought.ipynb #9edfa37e
 def hook_layers(stack: ExitStack,  # the hooks are removed when it closes
@@ -400,10 +400,6 @@ def compression_metrics(ref,      # (K, T, V) log-probs with the prompt
                 accuracy_first=hit[first].double().mean().item())
 
 # %% ../nbs/11c_lm_thought.ipynb #mv1cache
-def layer_output(o):   # a module's output: a tensor or a tuple
-    "A layer's output tensor (some versions return a tuple)."
-    return o[0] if isinstance(o, tuple) else o
-
 def prompt_cache(model,       # a transformers causal LM
                  P,           # (B, n) prompt ids
                  mask=None,  # (B, n) 1 on real tokens; None: all

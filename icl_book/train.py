@@ -21,7 +21,7 @@ from .regression import (TaskConfig, Prompts, sample_prompts, query_mask,
 # %% auto #0
 __all__ = ['CHECKPOINTS', 'EVAL_SEED', 'CKPT_DIR', 'LOGGED', 'PROBES', 'build_model', 'PlainModel', 'predict', 'TrainConfig',
            'model_for', 'eval_prompts', 'lr_at', 'eval_losses', 'train', 'save_checkpoint', 'load_model', 'load_log',
-           'train_all', 'compare_checkpoints', 'check_reproduction', 'check_log_prefix', 'main']
+           'train_all', 'compare_checkpoints', 'check_reproduction', 'check_log_prefix', 'train_cli']
 
 # %% ../nbs/05a_train.ipynb #91f47a81
 def build_model(depth: int = 1,         # Pre-LN blocks
@@ -375,7 +375,7 @@ def check_log_prefix(name: str,                    # a shipped checkpoint
                 init_rel_diff=max(gaps(c)[0] for c in PROBES))  # step 0: untrained
 
 # %% ../nbs/05a_train.ipynb #9a92e6e0
-def main(argv=None  # command-line arguments (None: sys.argv)
+def train_cli(argv=None  # command-line arguments (None: sys.argv)
         ) -> None:
     "`python -m icl_book.train [--all | NAME ...] [--out DIR] [--check]`."
     ap = argparse.ArgumentParser(
@@ -399,4 +399,4 @@ def main(argv=None  # command-line arguments (None: sys.argv)
     else: train_all(names, a.out)
 
 # %% ../nbs/05a_train.ipynb #2eea1ef2
-if __name__ == '__main__': main()
+if __name__ == '__main__': train_cli()

@@ -23,7 +23,7 @@ from icl_book.experiments.finetune import (
     FinetuneConfig, derangements, null_test, reproduce_finetune_alignment)
 from icl_book.regression import TaskConfig, sample_prompts, with_context
 from icl_book.train import (CHECKPOINTS, PlainModel, build_model, eval_losses,
-                            load_model, main, model_for, predict, train)
+                            load_model, train_cli, model_for, predict, train)
 
 
 def gen(seed=0):
@@ -129,7 +129,7 @@ def test_train_refuses_bad_settings(field, value):
 @pytest.mark.parametrize("argv", [['foo'], ['attn1', 'foo'], ['--check', 'foo']])
 def test_train_cli_refuses_unknown_names(argv, capsys):
     with time_limit(20), pytest.raises(SystemExit) as e:
-        main(argv)
+        train_cli(argv)
     assert e.value.code == 2
     assert "unknown checkpoint(s) ['foo']" in capsys.readouterr().err
 

@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 import matplotlib.pyplot as plt
 import numpy as np
-from ..core import set_style
+from .core import set_style
 from ..compress import METHODS
 
 # %% ../../nbs/11d_compress.ipynb #bx1read

@@ -7,7 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 import matplotlib.pyplot as plt
 import torch
-from ..core import check_int, check_float, check_real_tensor, set_style
+from ..core import check_int, check_float, check_real_tensor
+from .core import set_style
 from ..trajectories import (late_over_early, stack_trajectory, tail_slope,
                                    trajectory_summaries)
 from ..regression import Prompts, sample_prompts

@@ -6,7 +6,8 @@
 from __future__ import annotations
 import matplotlib.pyplot as plt
 import torch
-from ..core import check_int, rel_err, set_style
+from ..core import check_int, rel_err
+from .core import set_style
 from ..deep import context_patches
 from ..regression import Prompts, baseline_predict, with_context
 from ..train import (CHECKPOINTS, eval_losses, load_log, load_model,

@@ -11,7 +11,7 @@ __all__ = ['plot_layer_errors']
 import matplotlib.pyplot as plt
 import pandas as pd
 import torch
-from ..core import set_style
+from .core import set_style
 
 # %% ../../nbs/11ba_hf_apply.ipynb #c03711b
 def plot_layer_errors(rows: list,  # dicts: model, dtype, layer, rel_err

@@ -12,9 +12,10 @@ import math, re, time
 from typing import Optional
 import matplotlib.pyplot as plt
 import torch
-from ..core import rel_err, set_style
+from ..core import rel_err
+from .core import set_style
 from ..blocks import RankOne
-from ..compress import load_task
+from ..task_suite import load_task
 from ..hf_checks import check_length, check_model
 from ..hf_patch import context_patches
 from ..lm_dynamics import (default_part, prefix_updates, _factors,

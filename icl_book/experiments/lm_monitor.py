@@ -5,7 +5,7 @@
 # %% ../../nbs/11f_lm_monitor.ipynb #c00211f
 from __future__ import annotations
 import torch
-from ..compress import load_task
+from ..task_suite import load_task
 from ..lm_dynamics import prefix_patches
 
 # %% auto #0

@@ -8,7 +8,8 @@ from dataclasses import dataclass
 import matplotlib.pyplot as plt
 import pandas as pd
 import torch
-from ..core import check_int, set_style
+from ..core import check_int
+from .core import set_style
 from ..regression import query_tokens, sample_prompts
 from ..train import CHECKPOINTS, load_model
 from ..thought import FIT_KINDS, fit_stack_thought_patch
