@@ -178,3 +178,16 @@ def test_device_option_in_a_session(tmp_path):
                        cwd=tmp_path)
     assert "1 passed, 1 skipped, 1 deselected" in r.stdout, r.stdout + r.stderr
     assert "needs --device cuda" in r.stdout, r.stdout
+
+
+def test_api_page_lists_every_module_in_order():
+    "nbs/api.md is what tools/api_page.py writes from the notebooks and the CHANGELOG."
+    import api_page  # tools/api_page.py
+    page = api_page.page()
+    assert (ROOT / "nbs" / "api.md").read_text() == page, \
+        "nbs/api.md is out of date: run `python tools/api_page.py` and commit it"
+    mods = [m for *_, ts in house.notebooks(ROOT / "nbs") for m in sorted(ts)]
+    pos = [page.index(f".. automodule:: icl_book.{m}\n") for m in mods]
+    lib = [p for m, p in zip(mods, pos) if not m.startswith("experiments.")]
+    assert lib == sorted(lib), "the library's sections are not in notebook order"
+    assert "## Moved in this release" in page and "icl_book.hf_patch" in page
