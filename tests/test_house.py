@@ -191,3 +191,13 @@ def test_api_page_lists_every_module_in_order():
     lib = [p for m, p in zip(mods, pos) if not m.startswith("experiments.")]
     assert lib == sorted(lib), "the library's sections are not in notebook order"
     assert "## Moved in this release" in page and "icl_book.hf_patch" in page
+
+
+def test_every_chapter_says_who_it_is_for():
+    "Each chapter's opening box names its audience and what it assumes (dmol-book's habit)."
+    missing = []
+    for stem, _, cells, _ in house.notebooks(ROOT / "nbs"):
+        head = "".join("".join(c["source"]) for c in cells[:4] if c["cell_type"] == "markdown")
+        if stem != "index" and "Who this chapter is for" not in head:
+            missing.append(stem)
+    assert not missing, f"chapters without a 'Who this chapter is for' opening: {missing}"
