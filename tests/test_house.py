@@ -198,6 +198,6 @@ def test_every_chapter_says_who_it_is_for():
     missing = []
     for stem, _, cells, _ in house.notebooks(ROOT / "nbs"):
         head = "".join("".join(c["source"]) for c in cells[:4] if c["cell_type"] == "markdown")
-        if stem != "index" and "Who this chapter is for" not in head:
+        if stem != "index" and "**Who this chapter is for.**" not in head:
             missing.append(stem)
     assert not missing, f"chapters without a 'Who this chapter is for' opening: {missing}"

@@ -103,10 +103,15 @@ class Points:
 
     def run(self, fn):
         "Run fn(); True if a KeyboardInterrupt escaped it."
+        # no garbage collection while tracing: a collection runs finalizers at
+        # points that depend on earlier tests, and would shift the count
+        gc.collect(); was = gc.isenabled(); gc.disable()
         sys.settrace(self)
         try: fn()
         except KeyboardInterrupt: return True
-        finally: sys.settrace(None)
+        finally:
+            sys.settrace(None)
+            if was: gc.enable()
         return False
 
 
