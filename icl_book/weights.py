@@ -4,7 +4,7 @@
 
 # %% ../nbs/11_weights.ipynb #c00211x
 from __future__ import annotations
-import copy, importlib.util, os, shutil, tempfile
+import copy, functools, importlib.util, os, shutil, tempfile
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Optional
@@ -57,10 +57,14 @@ def _quiet():
     "Offline, without progress bars or transformers' chatter."
     os.environ.setdefault('HF_HUB_OFFLINE', '1')
     from transformers.utils import logging as tlog
+    import transformers.modeling_gguf_pytorch_utils as gg
     bars, level = tlog.is_progress_bar_enabled(), tlog.get_verbosity()
     tlog.disable_progress_bar(); tlog.set_verbosity_error()
+    bar = gg.tqdm            # the GGUF converter's own bar ignores the switch
+    gg.tqdm = functools.partial(bar, disable=True)
     try: yield
     finally:
+        gg.tqdm = bar
         tlog.set_verbosity(level)
         if bars: tlog.enable_progress_bar()
 

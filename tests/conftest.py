@@ -140,3 +140,19 @@ def random_ids(B, T, seed, vocab=97, low=0):
 def snapshot(model):
     "A copy of every tensor of the model's state, to compare after a patch."
     return {k: v.clone() for k, v in model.state_dict().items()}
+
+
+@pytest.fixture(scope="session", autouse=True)
+def ctrl_c_raises():
+    """Ctrl-C raises KeyboardInterrupt, as in an interactive Python.
+
+    A shell starts a background job (`make test &`, CI runners, nohup) with
+    SIGINT ignored, and Python then keeps it ignored: the tests that emulate a
+    Ctrl-C through the installed SIGINT handler would call SIG_IGN."""
+    import signal
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        old = signal.signal(signal.SIGINT, signal.default_int_handler)
+        yield
+        signal.signal(signal.SIGINT, old)
+    else:
+        yield

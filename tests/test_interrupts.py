@@ -7,7 +7,6 @@ __enter__, body, __exit__), one run per event, and at random instants
 (a SIGALRM timer). After each run the weights must be bit-identical to the
 originals, nothing may still be held in place, and the model must run.
 """
-import dis
 import gc
 import importlib.util
 import random
@@ -79,40 +78,29 @@ def assert_intact(model, before, x):
         with torch.no_grad(): model(x)        # runs, not refused
 
 
-CHECKS = {'CALL', 'CALL_FUNCTION_EX', 'JUMP_BACKWARD'}
+# the Ctrl-C instants and random-instant timer of bench/state_probes.py (one copy)
+_spec = importlib.util.spec_from_file_location(
+    "state_probes", Path(__file__).resolve().parents[1] / "bench" / "state_probes.py")
+probes = importlib.util.module_from_spec(_spec); _spec.loader.exec_module(probes)
 
 
-class Points:
-    "Trace fn(): the instants where CPython 3.11 may run a signal handler."
-    def __init__(self, stop=None):
-        self.n, self.stop, self.prev, self.where = 0, stop, {}, []
+def mine(filename):
+    "The files whose every signal-check instant is probed: ours."
+    return filename.endswith(('core.py', 'patch.py', __file__))
 
-    def __call__(self, frame, event, arg):
-        if event == 'call':
-            frame.f_trace_opcodes = True
-            self.point(frame)                      # RESUME checks
-        elif event == 'opcode':
-            op = dis.opname[frame.f_code.co_code[frame.f_lasti]]
-            if self.prev.get(id(frame)) in CHECKS: self.point(frame)
-            self.prev[id(frame)] = op              # after calls, back jumps
-        return self
 
-    def point(self, frame):
-        self.n += 1; self.where.append(frame.f_code.co_filename)
-        if self.n == self.stop: sys.settrace(None); ctrl_c(frame)
-
-    def run(self, fn):
-        "Run fn(); True if a KeyboardInterrupt escaped it."
-        # no garbage collection while tracing: a collection runs finalizers at
-        # points that depend on earlier tests, and would shift the count
-        gc.collect(); was = gc.isenabled(); gc.disable()
-        sys.settrace(self)
-        try: fn()
-        except KeyboardInterrupt: return True
-        finally:
-            sys.settrace(None)
-            if was: gc.enable()
-        return False
+def traced_run(pts, fn):
+    "Run fn() under tracer `pts`; True if a KeyboardInterrupt escaped it."
+    # no garbage collection while tracing: a collection runs finalizers at
+    # points that depend on earlier tests, and would shift the count
+    was = gc.isenabled(); gc.disable()
+    sys.settrace(pts)
+    try: fn()
+    except KeyboardInterrupt: return True
+    finally:
+        sys.settrace(None)
+        if was: gc.enable()
+    return False
 
 
 @pytest.mark.parametrize('kind', KINDS)
@@ -120,23 +108,16 @@ def test_ctrl_c_at_every_event_leaves_weights_exact(kind):
     model, make, x = setup(kind)
     before = {k: v.clone() for k, v in model.state_dict().items()}
     run = lambda: cycle(make, model, x)
-    run(); pts = Points(); pts.run(run)
-    mine = lambda f: f.endswith(('core.py', 'patch.py', __file__))
+    run(); pts = probes.Points(mine=mine); traced_run(pts, run)
     own = [k + 1 for k, f in enumerate(pts.where) if mine(f)]
     rest = [k + 1 for k, f in enumerate(pts.where) if not mine(f)]
     assert len(own) > 20                           # the cycle was traced
     ks = own + random.Random(0).sample(rest, min(len(rest), 60))
     hit = 0
     for k in ks:
-        hit += Points(k).run(run)
+        hit += traced_run(probes.Points(k, mine), run)
         assert_intact(model, before, x)
     assert hit == len(ks)            # every Ctrl-C reached the caller
-
-
-# the random-instant Ctrl-C of bench/state_probes.py (one copy of it)
-_spec = importlib.util.spec_from_file_location(
-    "state_probes", Path(__file__).resolve().parents[1] / "bench" / "state_probes.py")
-probes = importlib.util.module_from_spec(_spec); _spec.loader.exec_module(probes)
 
 
 @pytest.mark.parametrize('kind', KINDS)

@@ -85,7 +85,9 @@ CHECKS = r"""
     if (m) { const i = n.textContent.indexOf(m[0]);
              tex.push(n.textContent.slice(Math.max(0, i - 30), i + 30).replace(/\s+/g, ' ').trim()); }
   }
-  report({tables, math, tex, column: Math.round(col)});
+  report({tables, math, tex, column: Math.round(col),
+          typeset: document.querySelectorAll('mjx-container').length,
+          sources: art.querySelectorAll('.math').length});
 """
 
 
@@ -127,7 +129,8 @@ def browse(url, width, *extra, height=1000):
         cmd = [chromium(), "--headless", "--no-sandbox", "--disable-gpu",
                "--disable-background-networking", "--no-first-run", "--hide-scrollbars",
                f"--user-data-dir={prof}", f"--window-size={width},{height}",
-               "--virtual-time-budget=15000", *extra, url]
+               *([] if any(e.startswith("--virtual-time-budget") for e in extra)
+                 else ["--virtual-time-budget=15000"]), *extra, url]
         return subprocess.run(cmd, capture_output=True, text=True, timeout=180)
 
 
@@ -179,6 +182,64 @@ def probe(doc, js, width=1400, wait_ms=4000, dark=False):
         raise RuntimeError(f"{doc}: the probe reported nothing (page failed to load?)")
     import html as _h
     return json.loads(_h.unescape(m.group(1)))
+
+
+BATCH = """<!doctype html><html><body style="margin:0">{frames}
+<script>const got = {{}};
+addEventListener('message', e => {{ const m = JSON.parse(e.data); got[m.doc] = m.value;
+  let p = document.getElementById('__metrics__');
+  if (!p) {{ p = document.createElement('pre'); p.id = '__metrics__'; document.body.appendChild(p); }}
+  p.textContent = JSON.stringify(got); }});</script></body></html>"""
+
+
+def probe_many(docs, js, width=1400, wait_ms=4000, batch=12):
+    """`probe` for many pages, `batch` of them in one Chromium: each page runs
+    in its own iframe `width` px wide and posts {doc, value} to the frame page.
+    Returns {doc: value}; a page that reported nothing raises RuntimeError."""
+    import html as _h
+    out = {}
+    for i in range(0, len(docs), batch):
+        part, made = docs[i:i + batch], []
+        try:
+            frames = []
+            for k, doc in enumerate(part):
+                page = HTML / f"{doc}.html"
+                if not page.exists():
+                    raise FileNotFoundError(f"{page} not built: run `make book` first")
+                script = ("<script>function report(v) { window.parent.postMessage("
+                          f"JSON.stringify({{doc: {json.dumps(doc)}, value: v}}), '*'); }}"
+                          f"window.addEventListener('load', () => setTimeout(async () => {{ {js} }}, {wait_ms}));"
+                          "</script>")
+                tmp = page.with_name(f"_js{k}_{page.name}")
+                tmp.write_text(page.read_text().replace("</body>", script + "</body>"))
+                made.append(tmp)
+                rel = os.path.relpath(tmp, HTML)
+                frames.append(f'<iframe src="{rel}" style="border:0;display:block;'
+                              f'width:{width}px;height:1000px"></iframe>')
+            frame = HTML / f"_batch_{i}.html"
+            frame.write_text(BATCH.format(frames="\n".join(frames)))
+            made.append(frame)
+            dom = browse(frame.as_uri(), max(width, 500), "--dump-dom",
+                         f"--virtual-time-budget={15000 + 1500 * len(part)}").stdout
+        finally:
+            for f in made: f.unlink(missing_ok=True)
+        m = re.search(r'<pre id="__metrics__">(.*?)</pre>', dom, re.S)
+        got = json.loads(_h.unescape(m.group(1))) if m else {}
+        missing = [d for d in part if d not in got]
+        if missing:
+            raise RuntimeError(f"{missing}: the probe reported nothing (page failed to load?)")
+        out.update(got)
+    return out
+
+
+def checks_many(docs, width=1400):
+    "`checks` for many pages at once: {doc: result}."
+    return probe_many(docs, CHECKS, width, wait_ms=2500)
+
+
+def measure_many(docs, width=1400):
+    "`measure` for many pages at once: {doc: result}."
+    return probe_many(docs, MEASURE, width, wait_ms=2500)
 
 
 def measure(doc, width=1400, dark=False):
