@@ -52,6 +52,16 @@ def pytest_collection_modifyitems(config, items):
         for fixture, mark in FIXTURE_MARKS.items():
             if fixture in getattr(it, "fixturenames", ()):
                 it.add_marker(getattr(pytest.mark, mark))
+    # the book's tests last, its build started now and run beside the others
+    books = [it for it in items if "book" in getattr(it, "fixturenames", ())]
+    if books and not config.option.collectonly:
+        late = set(map(id, books))
+        items[:] = [it for it in items if id(it) not in late] + books
+        if os.environ.get("ICL_BOOK_BACKGROUND", "1") != "0":
+            start_book_build()
+            import torch
+            _BUILD["threads"] = torch.get_num_threads()
+            torch.set_num_threads(1)                  # one core each
     cuda = [it for it in items if it.get_closest_marker("cuda")]
     if not cuda: return
     device = config.getoption("--device")
@@ -84,23 +94,51 @@ def toc_files():
     return files
 
 
+_BUILD = {}     # the book build started in the background: its process and log file
+
+
+def start_book_build():
+    """Start `jupyter-book build --all -W -n --keep-going .` in the background, once.
+
+    It runs while the tests that do not need it run (the `book` tests run last,
+    see `pytest_collection_modifyitems`): on two cores the build and the other
+    tests each get one, with one BLAS thread each (ICL_BOOK_BACKGROUND=0: build
+    in the foreground when the first `book` test asks for it)."""
+    if _BUILD or os.environ.get("ICL_BOOK_REUSE_BUILD") == "1": return
+    import tempfile
+    if not (ROOT / "_vendor").exists():
+        subprocess.run(["bash", str(ROOT / "tools/vendor.sh")], check=True)
+    log = tempfile.TemporaryFile(mode="w+")
+    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+    _BUILD.update(log=log, proc=subprocess.Popen(
+        [tool("jupyter-book"), "build", "--all", "-W", "-n", "--keep-going", "."],
+        cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, text=True, env=env))
+
+
+def pytest_sessionfinish(session, exitstatus):
+    proc = _BUILD.get("proc")
+    if proc is not None and proc.poll() is None:   # stopped early (-x, Ctrl-C)
+        proc.kill(); proc.wait()
+
+
 @pytest.fixture(scope="session")
 def book():
     """Build the whole book once per session (--all): every notebook is executed (force,
-    raise_on_error) and warnings are errors. Returns the build log."""
+    raise_on_error) and warnings are errors. Returns (return code, build log)."""
     log_file, rc_file = ROOT / "_build" / "build.log", ROOT / "_build" / "build.rc"
     if os.environ.get("ICL_BOOK_REUSE_BUILD") == "1":   # local reruns of the HTML checks:
         if not rc_file.exists():                        # the last build's own result
             pytest.fail("ICL_BOOK_REUSE_BUILD=1 but no recorded build: build once without it")
         return int(rc_file.read_text()), log_file.read_text()
-    if not (ROOT / "_vendor").exists():
-        subprocess.run(["bash", str(ROOT / "tools/vendor.sh")], check=True)
-    r = subprocess.run([tool("jupyter-book"), "build", "--all", "-W", "-n", "--keep-going", "."],
-                       cwd=ROOT, capture_output=True, text=True)
-    log = r.stdout + r.stderr
+    start_book_build()
+    rc = _BUILD["proc"].wait()
+    if "threads" in _BUILD:                           # the build's core is free again
+        import torch
+        torch.set_num_threads(_BUILD["threads"])
+    _BUILD["log"].seek(0); log = _BUILD["log"].read()
     (ROOT / "_build").mkdir(exist_ok=True)
-    log_file.write_text(log); rc_file.write_text(str(r.returncode))
-    return r.returncode, log
+    log_file.write_text(log); rc_file.write_text(str(rc))
+    return rc, log
 
 
 @pytest.fixture(scope="session")
