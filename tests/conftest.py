@@ -52,16 +52,11 @@ def pytest_collection_modifyitems(config, items):
         for fixture, mark in FIXTURE_MARKS.items():
             if fixture in getattr(it, "fixturenames", ()):
                 it.add_marker(getattr(pytest.mark, mark))
-    # the book's tests last, its build started now and run beside the others
+    # the book's tests last (its build runs beside the others: pytest_collection_finish)
     books = [it for it in items if "book" in getattr(it, "fixturenames", ())]
     if books and not config.option.collectonly:
         late = set(map(id, books))
         items[:] = [it for it in items if id(it) not in late] + books
-        if os.environ.get("ICL_BOOK_BACKGROUND", "1") != "0":
-            start_book_build()
-            import torch
-            _BUILD["threads"] = torch.get_num_threads()
-            torch.set_num_threads(1)                  # one core each
     cuda = [it for it in items if it.get_closest_marker("cuda")]
     if not cuda: return
     device = config.getoption("--device")
@@ -113,6 +108,17 @@ def start_book_build():
     _BUILD.update(log=log, proc=subprocess.Popen(
         [tool("jupyter-book"), "build", "--all", "-W", "-n", "--keep-going", "."],
         cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, text=True, env=env))
+
+
+def pytest_collection_finish(session):
+    "Start the book build now if a selected test needs it (after -m/-k deselection)."
+    if session.config.option.collectonly or os.environ.get("ICL_BOOK_BACKGROUND", "1") == "0":
+        return
+    if any("book" in getattr(it, "fixturenames", ()) for it in session.items):
+        start_book_build()
+        import torch
+        _BUILD["threads"] = torch.get_num_threads()
+        torch.set_num_threads(1)                      # one core each
 
 
 def pytest_sessionfinish(session, exitstatus):
