@@ -10,6 +10,9 @@ file holds seeds 0 and 1):
 and the accuracy-storage curve (bench/compression_curve.jsonl):
     OMP_NUM_THREADS=1 python bench/compression.py --curve --seeds 0 \
         --tasks present-past country-capital   # ranks 1 and 8 by default
+and more ranks added to the curve's lines already there (only the rank-r
+fits run; what validation prefers is chosen again over all variants):
+    OMP_NUM_THREADS=1 python bench/compression.py --curve --add-ranks 64
 One JSON line per task and seed: the result dict of icl_book.compress.evaluate
 with the full protocol (10 shots, 64 calibration, 16 validation, 50 test
 queries, every layer a candidate, 8 shuffled prompts, every thought-patch
@@ -33,6 +36,47 @@ BENCH_VARIANTS = ("lstsq_out", "lstsq_out r1", "lstsq_out r8",
                   "lstsq_out ridge 1",
                   "lstsq", "lstsq r8", "first", "thought vector")
 
+def _merge(row, res, added):
+    "row with res's variants added; validation's choice made again."
+    var = row["variants"]
+    var.update(res["variants"])
+    best = max(var, key=lambda k: var[k]["val_accuracy_first"])  # ties: 1st
+    v = var[best]
+    row["thought_patch_kind"], row["thought_patch"] = best, v[
+        "accuracy_first"]
+    row["metrics"]["thought_patch"] = {k: v[k] for k in (
+        "accuracy_first", "accuracy", "kl_first")}
+    row["numel"]["thought_patch"] = row["budget"]["numel"] = v["numel"]
+    row.setdefault("added", []).append(added)
+    return row
+
+
+def add_ranks(model, tok, out, ranks):
+    "Add the rank-r optima to every line of `out` that lacks them."
+    rows = [json.loads(s) for s in out.read_text().splitlines() if s.strip()]
+    for i, row in enumerate(rows):
+        names = [f"lstsq_out rrr{r}" for r in ranks
+                 if f"lstsq_out rrr{r}" not in row["variants"]]
+        if not names:
+            continue
+        cfg = CompressConfig(
+            shots=row["shots"], n_cal=row["n_cal"], n_val=row["n_val"],
+            n_test=row["n_test"], seed=row["seed"],
+            template=row["template"], variants=tuple(names))
+        t0 = time.perf_counter()
+        res, _ = evaluate(model, tok, row["task"], cfg, ("thought_patch",))
+        rows[i] = _merge(row, res, dict(
+            variants=names, wall_s=round(time.perf_counter() - t0, 2),
+            threads=torch.get_num_threads(),     # same split, same ICL:
+            icl_same=res["metrics"]["icl"] == row["metrics"]["icl"]))
+        tmp = out.with_suffix(".tmp")               # rewritten after each
+        tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
+        tmp.replace(out)
+        print(row["task"], row["seed"], rows[i]["added"][-1], {
+            k: res["variants"][k]["accuracy_first"] for k in names},
+            flush=True)
+
+
 if __name__ == "__main__":
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
@@ -50,6 +94,9 @@ if __name__ == "__main__":
                    "full rank, and the task and thought vectors (no "
                    "function vector)")
     p.add_argument("--ranks", type=int, nargs="+", default=[1, 8])
+    p.add_argument("--add-ranks", type=int, nargs="+", default=None,
+                   help="add the rank-r optimum for these ranks to the "
+                   "lines already in --out (with --curve)")
     a = p.parse_args()
     a.out = a.out or ("bench/compression_curve.jsonl" if a.curve
                       else "bench/compression.jsonl")
@@ -66,6 +113,9 @@ if __name__ == "__main__":
                 r = json.loads(s)
                 done.add((r["task"], r["seed"]))
     model, tok = load_pretrained("smollm2")
+    if a.add_ranks:
+        add_ranks(model, tok, out, a.add_ranks)
+        raise SystemExit(0)
     for seed in a.seeds:
         for task in a.tasks:
             if (task, seed) in done:

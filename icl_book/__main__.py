@@ -131,7 +131,9 @@ def main(argv=None) -> dict:
     except _FORESEEN as e:             # never a traceback: one clear line
         print(f"error: {_one_line(e)}", file=sys.stderr)
         raise SystemExit(2)
-    res = {'command': a.command, **res, 'seconds': round(time.perf_counter() - t0, 3)}
+    total = round(time.perf_counter() - t0, 3)     # the whole command
+    res = {'command': a.command, **res, 'cli_seconds': total}
+    res.setdefault('seconds', total)   # a sub-command's own seconds kept
     summary = ', '.join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}"
                         for k, v in res.items() if not isinstance(v, (list, dict)))
     print(summary)

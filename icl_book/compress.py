@@ -358,7 +358,7 @@ def _summary(task, cfg, td: TaskData, rank, steps: dict) -> tuple:
         numbers=cfg.budget, rank=rank, numel=numel.get('thought_patch'),
         kv_cache=numel['icl']), seconds={k: round(s['seconds'], 2)
                                          for k, s in steps.items()})
-    res['method_seconds'] = res['seconds']        # kept by the CLI
+    res['method_seconds'] = res['seconds']        # its older name
     for k, c in objs.items():
         c.info.update(task=res['task'], shots=cfg.shots, test=metrics[k])
     return res, objs

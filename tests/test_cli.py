@@ -91,3 +91,19 @@ def test_huge_or_bad_sizes_are_one_line_not_a_traceback(args, msg):
     err = r.stderr.strip().splitlines()
     assert r.returncode == 2 and msg in r.stderr, r.stderr
     assert "Traceback" not in r.stderr and err[-1].count("error") >= 1
+
+
+def test_a_sub_commands_own_seconds_are_kept(monkeypatch, capsys):
+    import icl_book.__main__ as M
+
+    def add_fake(sub):
+        p = sub.add_parser("fake")
+        p.set_defaults(run=lambda a: {"seconds": {"stage": 1.5}, "x": 1})
+
+    monkeypatch.setattr(M, "SUBCOMMANDS", M.SUBCOMMANDS + [add_fake])
+    res = M.main(["fake"])
+    last = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert last == res and res["seconds"] == {"stage": 1.5}
+    assert isinstance(res["cli_seconds"], float) and res["cli_seconds"] >= 0
+    res = M.main(["verify", "--layers", "1", "--context", "4"])   # its own:
+    assert res["seconds"] == res["cli_seconds"] >= 0            # none

@@ -501,9 +501,11 @@ def test_cli_progress_on_stderr_and_last_stdout_line_is_json(tmp_path):
     assert res["function_vector"] is None and res["zero_shot"] is None
     assert res["budget"]["rank"] == 2
     assert res["thought_patch_kind"] == "lstsq_out rrr2"
-    secs = res["method_seconds"]     # per method, not the CLI's total
+    secs = res["seconds"]            # per method, not the CLI's total
     assert set(secs) == {"icl", "task_vector", "thought_patch"}
-    assert isinstance(res["seconds"], float)
+    assert res["method_seconds"] == secs          # the older name
+    assert all(isinstance(v, float) and v >= 0 for v in secs.values())
+    assert res["cli_seconds"] >= res["wall_s"] >= max(secs.values())
 
 
 def test_cli_save_is_checked_before_any_work(tmp_path):

@@ -109,3 +109,65 @@ def test_rank_budget_and_reduced_rank_fit(setup):
                          fit_linear_patch(A, V, 0.3, bias=True)):
         assert (got - want).abs().max() < 1e-12
 
+
+
+def _J(A, V, M, b, lam):
+    "The fit's objective, computed directly."
+    return (((A @ M.T + b - V) ** 2).sum() + lam * (M ** 2).sum()).item()
+
+
+def _brute_rank_r(A, V, lam, r, starts=6, seed=0):
+    "min J over rank-r factorisations M = P Qᵀ (β = v̄ − M ā), L-BFGS."
+    a, v = A.mean(0), V.mean(0)
+    g, best = torch.Generator().manual_seed(seed), float("inf")
+    for _ in range(starts):
+        P = torch.randn(V.shape[1], r, dtype=A.dtype, generator=g)
+        Q = torch.randn(A.shape[1], r, dtype=A.dtype, generator=g)
+        P.requires_grad_(), Q.requires_grad_()
+        opt = torch.optim.LBFGS([P, Q], max_iter=2000, tolerance_grad=1e-13,
+                                tolerance_change=1e-15,
+                                line_search_fn="strong_wolfe")
+
+        def loss():
+            opt.zero_grad()
+            M = P @ Q.T
+            J = ((((A - a) @ M.T - (V - v)) ** 2).sum()
+                 + lam * (M ** 2).sum())
+            J.backward()
+            return J
+        for _ in range(3):
+            opt.step(loss)
+        with torch.no_grad():
+            M = P @ Q.T
+            best = min(best, _J(A, V, M, v - M @ a, lam))
+    return best
+
+
+@pytest.mark.parametrize("K,d,H,lam", [
+    (20, 5, 4, 0.0),     # H <= d: eigenvectors of the (H, H) Gram matrix
+    (20, 5, 4, 0.4),
+    (20, 3, 6, 0.0),     # H > d: through the (d, d) factor B
+    (20, 3, 6, 0.4),
+    (6, 8, 4, 0.4),      # K < d: the dual ridge solve first
+])
+def test_reduced_rank_fit_rank_2_beats_brute_force_and_svd(K, d, H, lam):
+    g = torch.Generator().manual_seed(K + d + H)
+    A = torch.randn(K, d, dtype=torch.float64, generator=g)
+    V = (A @ torch.randn(d, H, dtype=torch.float64, generator=g)
+         + 0.3 * torch.randn(K, H, dtype=torch.float64, generator=g) + 1.)
+    M, b = reduced_rank_fit(A, V, lam, rank=2)
+    assert torch.linalg.matrix_rank(M).item() == 2
+    J = _J(A, V, M, b, lam)
+    brute = _brute_rank_r(A, V, lam, 2)
+    assert J <= brute * (1 + 1e-9) and brute - J < 1e-7 * J
+    # the closed form written directly: Ŵ V_r V_rᵀ, V_r the top right
+    # singular vectors of the augmented fitted values [A_c; √λ I] Ŵᵀ
+    Mh, _ = fit_linear_patch(A, V, lam, bias=True)
+    aug = torch.cat([A - A.mean(0), lam ** .5 * torch.eye(d,
+                                                          dtype=A.dtype)])
+    Vr = torch.linalg.svd(aug @ Mh.T).Vh[:2].T                    # (H, 2)
+    assert (M - Vr @ Vr.T @ Mh).abs().max() < 1e-10 * Mh.abs().max()
+    # the truncated SVD of Ŵ stores as much and fits worse
+    U, s, Vh = torch.linalg.svd(Mh, full_matrices=False)
+    Ms = (U[:, :2] * s[:2]) @ Vh[:2]
+    assert J <= _J(A, V, Ms, V.mean(0) - Ms @ A.mean(0), lam)
