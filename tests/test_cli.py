@@ -47,7 +47,6 @@ def test_bad_settings_are_an_error_message(args, msg):
 
 @pytest.mark.parametrize("claim,keys", [
     ("equivalence", ["layers", "max_rel_err"]),
-    ("finetune-alignment", ["cosine_median", "null_cosine_median"]),
     ("rnn-convergence", ["attention_late_over_early", "gru_late_over_early",
                          "lstm_late_over_early"]),
     ("thought-patch", ["K", "train_err", "test_err", "no_patch_err"]),
@@ -61,14 +60,6 @@ def test_reproduce_prints_the_claims_numbers(claim, keys):
     if claim == "rnn-convergence":
         assert res["attention_late_over_early"] < 0.5 * min(res["gru_late_over_early"],
                                                           res["lstm_late_over_early"])
-    if claim == "finetune-alignment":
-        # chapter 07: the examples' own gradients are not aligned with the
-        # implicit increments; the right factors sit at their predicted size
-        assert abs(res["cosine_median"]) < 0.01
-        for k in ("plain_cosine_median", "plain_null_cosine_median", "plain_z",
-                  "right_factor_cosine_median"):
-            assert isinstance(res[k], float) and res[k] == res[k], k
-        assert abs(res["right_factor_rms"] - res["right_factor_bound"]) < 0.05
     if claim == "thought-patch":
         assert len(res["K"]) == len(res["train_err"]) == len(res["test_err"])
         assert res["K"] == sorted(res["K"]) and res["test_err"][-1] < res["no_patch_err"]
@@ -91,6 +82,21 @@ def test_huge_or_bad_sizes_are_one_line_not_a_traceback(args, msg):
     err = r.stderr.strip().splitlines()
     assert r.returncode == 2 and msg in r.stderr, r.stderr
     assert "Traceback" not in r.stderr and err[-1].count("error") >= 1
+
+
+def test_reproduce_finetune_alignment_prints_what_the_chapter_computes(monkeypatch, capsys):
+    """The CLI's plumbing for chapter 07's claim, in-process: its numbers are
+    checked by test_experiments.py and by chapter 07 itself (a minute each)."""
+    import icl_book.__main__ as M
+    import icl_book.experiments.finetune as F
+    calls = []
+    monkeypatch.setattr(F, "reproduce_finetune_alignment",
+                        lambda: calls.append(1) or {"cosine_median": -0.25, "z": 1.5})
+    res = M.main(["reproduce", "finetune-alignment"])
+    last = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert calls == [1] and last == res
+    assert res["claim"] == "finetune-alignment"
+    assert (res["cosine_median"], res["z"]) == (-0.25, 1.5)
 
 
 def test_a_sub_commands_own_seconds_are_kept(monkeypatch, capsys):
