@@ -13,13 +13,13 @@ from .blocks import RankOne
 from .families import Adapter
 from .patch import patched_weights
 from .discovery import norm_rounds
-from .hf_checks import (
+from icl_book.hf_checks import (
     HFPatch, check_model, check_patch, head_reads_outside, drop_pooled,
     model_state, refuse_stale, restored, check_call, claim, check_owner,
-    check_mode, _moe_first, _moe_last, _rotary_same)
-from icl_book.hf_patch import (
+    check_mode)
+from .hf_patch import (
     context_patches, output_tensor, _Win, _base_forward, _hooks, _layer_err,
-    _moe_run)
+    _moe_run, _moe_first, _moe_last)
 
 # %% auto #0
 __all__ = ['write_weights', 'patched', 'moe_routing', 'patch_errors', 'generate_without_context']
@@ -81,6 +81,12 @@ def _apply_block_pre(self, l, x):
                          "the model's input check: call the model (or "
                          "its base model) on the query ids")
     self.win.reset(l)
+
+def _rotary_same(m: nn.Module, rec) -> bool:
+    "Whether rotary module m has the frequencies and scaling of `rec`."
+    inv = rec[1].to(m.inv_freq.device)
+    return (getattr(m, 'attention_scaling', None) == rec[2] and
+            m.inv_freq.shape == inv.shape and torch.equal(m.inv_freq, inv))
 
 def _check_rotary(m, rec):
     "Refuse a rotary embedding whose frequencies changed since the patches."
@@ -174,6 +180,18 @@ def _call_hooks(st: ExitStack, ad: Adapter, ap: _Apply) -> None:
         reg(mods[rec[0]].register_forward_hook,
             hook=lambda m, a, o, rec=rec: _check_rotary(m, rec))
 
+def _no_generate(st: ExitStack, model) -> None:
+    "Inside patched, model.generate refuses with what to use (until `st`)."
+    if not hasattr(model, 'generate') or 'generate' in vars(model): return
+    def generate(*args, **kwargs):
+        raise ValueError(
+            "model.generate(...) inside patched(...) runs the model on ever "
+            "longer inputs, while the patches belong to one query: use "
+            "generate_without_context(model, context_ids, query_ids, "
+            "max_new_tokens) outside the block (patches for each new query)")
+    vars(model)['generate'] = generate          # shadows the method
+    st.callback(vars(model).pop, 'generate', None)
+
 # %% ../nbs/11ba_hf_apply.ipynb #c01215b
 @sigint_critical                      # a Ctrl-C lands after enter/exit
 @contextmanager
@@ -184,12 +202,13 @@ def patched(model,             # the model the patches were computed for
     "Inside, model(query) sees the context; positions and mask filled in."
     ad = check_model(model)
     check_patch(ad, patches)
-    why = head_reads_outside(model, ad)
+    why = head_reads_outside(model, ad, patches.query_ids)
     if why: raise ValueError(f"patched cannot reproduce this head: {why}")
     ap, written = _Apply(ad, model, patches), []
     hold_sigint(); st, opened = ExitStack(), False  # no Ctrl-C while changing
     try:
         claim(st, ad)
+        _no_generate(st, model)
         _call_hooks(st, ad, ap)
         fn = dict(block_pre=ap.block_pre)
         if inplace: write_weights(st, ad, patches, written)

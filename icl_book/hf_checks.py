@@ -38,6 +38,8 @@ class ModelState(NamedTuple):
     "What a patch depends on besides its inputs: weights and rotary state."
     versions: dict   # parameter name -> (storage address, version counter)
     rotary: tuple    # (module name, inv_freq copy, attention scaling)
+    bits: Optional[dict] = None    # parameter name -> sum of its bytes
+    config: Optional[dict] = None  # the configuration's numeric settings
 
 # %% ../nbs/11ac_hf_checks.ipynb #hf_che005b
 @dataclass(frozen=True, eq=False)
@@ -246,21 +248,43 @@ def check_finite_run(
 # %% ../nbs/11ac_hf_checks.ipynb #hf_che014
 _POOLING = ('SequenceClassification', 'NextSentencePrediction',
             'PreTraining', 'MultipleChoice')
+_PER_TOKEN = ('MaskedLM', 'TokenClassification', 'QuestionAnswering',
+              'LMHeadModel', 'ForCausalLM', 'ElectraForPreTraining')
 
+def _head_kind(model) -> tuple:
+    "(class, 'token' or 'pool') of the first known head class in the MRO."
+    for c in type(model).__mro__:
+        for keys, kind in ((_PER_TOKEN, 'token'), (_POOLING, 'pool')):
+            if any(k in c.__name__ for k in keys): return c.__name__, kind
+    return None, None
+
+# %% ../nbs/11ac_hf_checks.ipynb #hf_che014b
 def head_reads_outside(
         model,  # the model (with its head)
         ad: Adapter,  # the model's adapter (`check_model`)
+        query_ids=None,  # the query (B, q) the patches were computed for
 ) -> Optional[str]:
     "Why the model's head reads a position outside the query, or None."
-    name = type(model).__name__
-    enc = ad.family.pattern == 'post-LN' or ad.family.encoder
-    if model is ad.base or not enc: return None
-    if any(k in name for k in _POOLING):
-        return (f"the {name}'s head reads position 0 (the first token, "
-                "pooled), which is a context token, not one of the query's; "
-                "compute the patches on model.base_model and read its "
-                "last_hidden_state at the query positions")
-    return None
+    if model is ad.base: return None
+    name, (cls, kind) = type(model).__name__, _head_kind(model)
+    if not (ad.family.pattern == 'post-LN' or ad.family.encoder):
+        pad = getattr(model.config, 'pad_token_id', None)  # last real token
+        if kind == 'pool' and pad is not None and query_ids is not None \
+                and bool((query_ids == pad).all(-1).any()):
+            return (f"the {name}'s head reads the last token that is not "
+                    f"padding (pad_token_id={pad}); in a query row of "
+                    "padding only that is a context token: end every query "
+                    "row with a token that is not padding")
+        return None
+    if kind == 'token': return None
+    why = (" reads position 0 (the first token, pooled)" if kind == 'pool'
+           else " is not one known to read each position on its own (masked"
+           " LM, token classification, question answering, ELECTRA's "
+           "discriminator) and may pool position 0")
+    return (f"the {name}'s head" + (f" (a {cls})" if cls not in (name, None)
+            else "") + why + ", which is a context token, not one of the "
+            "query's; compute the patches on model.base_model and read its "
+            "last_hidden_state at the query positions")
 
 def drop_pooled(
         out,  # the base model's output (tuple or ModelOutput)
@@ -272,25 +296,40 @@ def drop_pooled(
                         if k != 'pooler_output'})
 
 # %% ../nbs/11ac_hf_checks.ipynb #hf_che016
+def _bits(p: torch.Tensor) -> torch.Tensor:
+    "The sum of p's bytes read as int64 words (exact, in any order)."
+    b = p.detach().reshape(-1).view(torch.uint8); k = b.numel() // 8 * 8
+    return b[:k].view(torch.int64).sum() + b[k:].sum()
+
+_FREE = ('use_cache', 'output_hidden_states', 'return_dict', 'dtype')
+
 def model_state(
         ad: Adapter,  # the model's adapter (`check_model`)
+        bits: bool = False,  # also the weights' byte sums (reads them all)
 ) -> ModelState:
-    "Version counters of the weights and the rotary state, now."
-    vs = {n: (p.data_ptr(), p._version) for n, p in
-          ad.base.named_parameters() if p.device.type != 'meta'}
+    "Version counters (and byte sums) of the weights, rotary state, config."
+    ps = [(n, p) for n, p in ad.base.named_parameters()
+          if p.device.type != 'meta']
     rot = tuple((n, m.inv_freq.detach().clone(),
                  getattr(m, 'attention_scaling', None))
                 for n, m in ad.base.named_modules()
                 if isinstance(getattr(m, 'inv_freq', None), torch.Tensor))
-    return ModelState(vs, rot)
+    cfg = {k: v for k, v in ad.base.config.to_dict().items()
+           if k not in _FREE}
+    cfg['attn_implementation'] = ad.base.config._attn_implementation
+    return ModelState({n: (p.data_ptr(), p._version) for n, p in ps}, rot,
+                      {n: _bits(p) for n, p in ps} if bits else None, cfg)
 
+# %% ../nbs/11ac_hf_checks.ipynb #hf_che016c
 def weights_changed(
         before: ModelState,  # state when the patches were made
         now: ModelState,  # state now
 ) -> list:
-    "Names of the parameters replaced or written in place since `before`."
+    "Names of the parameters replaced or written since `before`."
+    new = now.bits if before.bits is not None and now.bits else {}
     return [n for n, v in before.versions.items()
-            if now.versions.get(n, v) != v]
+            if now.versions.get(n, v) != v
+            or n in new and not torch.equal(before.bits[n], new[n])]
 
 def restored(
         state: ModelState,  # the patches' state (updated)
@@ -303,23 +342,26 @@ def restored(
                            if id(p) in mine and n in now})
 
 # %% ../nbs/11ac_hf_checks.ipynb #hf_che016b
-def _rotary_same(m: nn.Module, rec) -> bool:
-    inv = rec[1].to(m.inv_freq.device)
-    return (getattr(m, 'attention_scaling', None) == rec[2] and
-            m.inv_freq.shape == inv.shape and torch.equal(m.inv_freq, inv))
-
 def refuse_stale(
         ad: Adapter,  # the model's adapter (`check_model`)
         before: ModelState,  # state the patches were made in
         when: str,  # where, for the message
 ) -> None:
-    "Raise if weights changed since the patches were computed."
-    if bad := weights_changed(before, model_state(ad)):
+    "Raise if weights or configuration changed since the patches were made."
+    now = model_state(ad, bits=before.bits is not None)
+    if bad := weights_changed(before, now):
         raise ValueError(
             f"{len(bad)} weight(s) of the {ad.name} changed {when} "
             f"({', '.join(bad[:3])}{', ...' if len(bad) > 3 else ''}): the "
             "patches belong to the old weights; compute them again with "
             "context_patches")
+    old, new = before.config or {}, now.config or {}
+    if before.config is not None and (keys := sorted(
+            k for k in old.keys() | new.keys() if old.get(k) != new.get(k))):
+        raise ValueError(
+            f"the {ad.name}'s configuration changed {when} "
+            f"({', '.join(keys[:3])}): the patches belong to the old one; "
+            "compute them again with context_patches")
 
 # %% ../nbs/11ac_hf_checks.ipynb #hf_che018
 def check_patch(
@@ -452,17 +494,3 @@ def check_mode(
             f"inside patched(...) {len(train)} module(s) of the {ad.name} "
             f"are in training mode ({', '.join(train[:3])}): the patches "
             "were computed in eval mode; call model.eval()")
-
-# %% ../nbs/11ac_hf_checks.ipynb #hf_che025
-def _moe_first(P: torch.Tensor, r: RankOne, b: int, t: int) -> torch.Tensor:
-    "ΔP at one position: u reshaped to P's leading axes, times v."
-    return r.u[b, t].reshape(P.shape[:-1])[..., None] * r.v[b, t]
-
-def _moe_last(Ps: tuple, r: RankOne, b: int, t: int) -> list:
-    "ΔD per down projection (..., d, H): u = δ shared, v = ĝ / ||ĝ||² split."
-    out, o = [], 0
-    for P in Ps:
-        k = P.shape[:-2].numel() * P.shape[-1]
-        v = r.v[b, t, o:o + k].reshape(*P.shape[:-2], P.shape[-1]); o += k
-        out.append(r.u[b, t][:, None] * v[..., None, :])
-    return out

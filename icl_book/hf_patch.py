@@ -15,7 +15,7 @@ from .deep import PATCH_MODES
 from .families import Adapter
 from .hf_checks import (
     LayerPatch, HFPatch, check_model, check_ids, check_length, check_mask,
-    check_types, check_finite_run, model_state, _moe_first, _moe_last)
+    check_types, check_finite_run, model_state)
 
 # %% auto #0
 __all__ = ['SELF_CHECK_TOL', 'output_tensor', 'accepts_kwarg', 'with_context_pass', 'context_patches', 'closed_loop_pass',
@@ -161,6 +161,20 @@ def with_context_pass(ad: Adapter,  # the model's adapter (`check_model`)
         else: _base_forward(ad, ids, mask, types=kw.get('token_type_ids'))
     return _joined(ad, keep)
 
+# %% ../nbs/11b_hf_patch.ipynb #c00917m
+def _moe_first(P: torch.Tensor, r: RankOne, b: int, t: int) -> torch.Tensor:
+    "ΔP at one position: u reshaped to P's leading axes, times v."
+    return r.u[b, t].reshape(P.shape[:-1])[..., None] * r.v[b, t]
+
+def _moe_last(Ps: tuple, r: RankOne, b: int, t: int) -> list:
+    "ΔD per down projection (..., d, H): u = δ shared, v = ĝ / ||ĝ||² split."
+    out, o = [], 0
+    for P in Ps:
+        k = P.shape[:-2].numel() * P.shape[-1]
+        v = r.v[b, t, o:o + k].reshape(*P.shape[:-2], P.shape[-1]); o += k
+        out.append(r.u[b, t][:, None] * v[..., None, :])
+    return out
+
 # %% ../nbs/11b_hf_patch.ipynb #c00918b
 SELF_CHECK_TOL = {torch.float64: 1e-9, torch.float32: 1e-3}  # per-layer self-check
 
@@ -260,7 +274,7 @@ def context_patches(
     if check: refuse_mismatch(ad, errs)
     return HFPatch(tuple(layers), n, mode, ad.name, ad.family.name,
                    query_ids, pos, qmask, errs, weakref.ref(ad.base),
-                   model_state(ad), qt)
+                   model_state(ad, bits=True), qt)
 
 # %% ../nbs/11b_hf_patch.ipynb #c01013b
 def _refuse_unless(ok: torch.Tensor, l: int, why: str) -> None:
