@@ -91,9 +91,8 @@ def _check_first(ad, context_ids, query_ids, ctx) -> None:
     if not err <= SELF_CHECK_TOL.get(model_dtype(ad), 0.05):
         raise ValueError(
             f"the one-pass run of the {ad.name} does not reproduce a plain "
-            f"run of the first prefix (relative error {err:.1e}): it ignores "
-            "the custom 4-D attention mask or the position ids; use "
-            "token_updates(..., method='loop')")
+            f"run of the first prefix (relative error {err:.1e}): it ignores the"
+            " custom 4-D attention mask or the position ids: use method='loop'")
 
 # %% ../nbs/11e_lm_dynamics.ipynb #c01011e
 def _packed_mask(ad, model, n: int, lo: int, m: int, q: int, dt, dev):
@@ -173,40 +172,63 @@ def _open_loop(ad, ctx: list, ids, pos, mode: str) -> list:
     return layers
 
 # %% ../nbs/11e_lm_dynamics.ipynb #c01013e
-def _sample_check(ad, model, ctx, layers, ids, pos, mode, rows) -> tuple:
-    """The closed-loop self-check at copies `rows`: the patched query alone,
-    per layer the largest relative error against the with-context output."""
-    sel = lambda t: None if t is None else RankOne(t.u[rows], t.v[rows]) \
-        if isinstance(t, RankOne) else t[rows]         # rows of a factor
-    P = HFPatch(tuple(LayerPatch(tuple(map(sel, p.dW)), *map(sel, p[1:]))
-                      for p in layers), 0, mode, ad.name, ad.family.name,
-                ids[rows], pos[rows], None, (), weakref.ref(ad.base))
+def _sample_check(ad, model, held: list, query_ids, mode: str) -> tuple:
+    """The closed-loop self-check of the held rows (ctx, pos) of every chunk
+    in one batch: their open-loop patches on the query alone, per layer the
+    largest relative error against the with-context output."""
+    ctx = [{k: torch.cat([h[0][l][k] for h in held]) for k in c}
+           for l, c in enumerate(held[0][0])]
+    pos = torch.cat([h[1] for h in held])
+    ids = query_ids.expand(pos.shape[0], -1)
+    P = HFPatch(tuple(_open_loop(ad, ctx, ids, pos, mode)), 0, mode, ad.name,
+                ad.family.name, ids, pos, None, (), weakref.ref(ad.base))
     outs = {}                          # the hook records, returns None
     keep = lambda l: lambda m, a, o: outs.__setitem__(l, output_tensor(o))
     with patched(model, P), ExitStack() as st:
         for l, lay in enumerate(ad.layers):
             st.callback(lay.block.register_forward_hook(keep(l)).remove)
-        kw = dict(use_cache=False) if accepts_kwarg(ad.base,
-                                                    'use_cache') else {}
-        ad.base(input_ids=ids[rows], **kw)
-    return tuple(max(rel_err(outs[l][k], ctx[l]['out'][r])
-                     for k, r in enumerate(rows)) for l in range(len(outs)))
+        kw = {'use_cache': False} if accepts_kwarg(ad.base, 'use_cache') else {}
+        ad.base(input_ids=ids, **kw)
+    return tuple(max(rel_err(outs[l][k], ctx[l]['out'][k])
+                     for k in range(len(ids))) for l in range(len(outs)))
 
 def _sample(n: int, check, seed: int) -> Optional[list]:
     "Prefix lengths the self-check runs on: 1, n and `check` random ones."
     if check == 'all': return None
     if isinstance(check, bool) or not isinstance(check, int) or check < 0:
-        raise ValueError(f"check must be 'all' or the number k >= 0 of "
-                         f"random prefixes checked besides the first and "
-                         f"the last, got {check!r}")
+        raise ValueError(f"check must be 'all' or the number k >= 0 of random "
+                         f"prefixes checked besides 1 and n, got {check!r}")
     g = torch.Generator().manual_seed(seed)
     mid = (torch.randperm(max(n - 2, 0), generator=g)[:check] + 2).tolist()
     return sorted({1, n, *mid})
 
-# %% ../nbs/11e_lm_dynamics.ipynb #c01014e
-def _prefix_chunks(model, context_ids, query_ids, mode: str = 'rank1',
-                   chunk: Optional[int] = None, check=8, seed: int = 0):
-    "Yield (lo, layers, errors): patches of prefixes c_1..lo .. c_1..lo+m-1."
+# %% ../nbs/11e_lm_dynamics.ipynb #c01013f
+def _inputs(st, ad, zs: list, m: int) -> None:
+    "Record each first map's input at the query's last token: zs[l] (m, d)."
+    for l, lay in enumerate(ad.layers):
+        for mod in lay.first:
+            st.callback(mod.register_forward_pre_hook(lambda _, a, l=l: zs[
+                l].append(a[0].reshape(m, -1, a[0].shape[-1])[:, -1])).remove)
+
+def _free_inputs(ad, ctx: list, ids, pos) -> list:
+    """The query alone in open loop, each block fed its with-context input
+    and the MLP's matrices skipped: per layer its first maps' inputs."""
+    zs = [[] for _ in ad.layers]
+    with torch.no_grad(), ExitStack() as st:
+        for l, lay in enumerate(ad.layers):
+            if l: st.callback(lay.block.register_forward_pre_hook(
+                _feed(ctx[l - 1]['out']), with_kwargs=True).remove)
+            for mod in (*lay.first, lay.last):
+                st.enter_context(_skipped(mod))
+        _inputs(st, ad, zs, ids.shape[0])
+        kw = {'use_cache': False} if accepts_kwarg(ad.base, 'use_cache') else {}
+        ad.base(input_ids=ids, position_ids=pos, **kw)
+    return zs
+
+
+# %% ../nbs/11e_lm_dynamics.ipynb #c01014d
+def _setup(model, context_ids, query_ids, mode, chunk, check, seed) -> tuple:
+    "Refuse what the one pass cannot take; (adapter, n, q, sample, chunk)."
     if (isinstance(context_ids, torch.Tensor) and context_ids.dim() == 2
             and context_ids.shape[0] != 1):
         raise ValueError(
@@ -221,28 +243,48 @@ def _prefix_chunks(model, context_ids, query_ids, mode: str = 'rank1',
     if chunk is None: chunk = _chunk_size(ad, n, q)
     if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
         raise ValueError(f"chunk must be a positive integer, got {chunk!r}")
+    return ad, n, q, sample, chunk
+
+
+# %% ../nbs/11e_lm_dynamics.ipynb #c01014e
+def _prefix_chunks(model, context_ids, query_ids, mode: str = 'rank1',
+                   chunk: Optional[int] = None, check=8, seed: int = 0,
+                   fast: bool = False):
+    """Yield (lo, layers, errors): patches of prefixes c_1..lo+m-1 (`fast`:
+    the first maps' inputs with context and alone); then, in open loop,
+    (None, None, errors) of the sampled closed-loop check."""
+    ad, n, q, sample, chunk = _setup(model, context_ids, query_ids, mode,
+                                     chunk, check, seed)
     from transformers import DynamicCache     # every layer keeps every key
     key = 'cache' if accepts_kwarg(ad.base, 'cache') else 'past_key_values'
-    dev, cache = query_ids.device, DynamicCache()
+    dev, cache, held = query_ids.device, DynamicCache(), []
+    fast = fast and sample is not None
     with torch.no_grad():
-        ad.base(input_ids=context_ids, use_cache=True, **{key: cache})
-        for lo in range(1, n + 1, chunk):
-            m = min(chunk, n + 1 - lo)
-            pos = (torch.arange(lo, lo + m, device=dev)[:, None]
-                   + torch.arange(q, device=dev))            # (m, q)
-            ids = query_ids.expand(m, q)
-            ctx = _packed(ad, model, cache, key, ids, pos, n, lo)
+        for lo in range(1, n + 1, chunk):         # the cache grows by chunks
+            m = min(chunk, n + 1 - lo); end = lo + m - 1   # keys it needs
+            ad.base(input_ids=context_ids[:, cache.get_seq_length():end],
+                    use_cache=True, **{key: cache})
+            pos = torch.arange(lo, end + q, device=dev).unfold(0, q, 1)
+            ids, zc = query_ids.expand(m, q), [[] for _ in ad.layers]
+            with ExitStack() as st:
+                if fast: _inputs(st, ad, zc, m)
+                ctx = _packed(ad, model, cache, key, ids, pos, end, lo)
             if lo == 1: _check_first(ad, context_ids, query_ids, ctx)
+            rows = [i - lo for i in sample or () if lo <= i < lo + m]
             if sample is None:                  # the closed loop, every copy
                 layers, errs = closed_loop_pass(ad, ctx, ids, None, pos,
                                                 mode)
-            else:
-                layers = _open_loop(ad, ctx, ids, pos, mode)
-                rows = [i - lo for i in sample if lo <= i < lo + m]
-                errs = rows and _sample_check(ad, model, ctx, layers, ids,
-                                              pos, mode, rows)
+            else:                       # open loop; rows checked at the end
+                layers, errs = ((zc, _free_inputs(ad, ctx, ids, pos)) if fast
+                                else _open_loop(ad, ctx, ids, pos, mode)), None
+                held += [([{k: v[rows] for k, v in c.items()} for c in ctx],
+                          pos[rows])] if rows else []
             if errs: refuse_mismatch(ad, errs)
             yield lo, layers, errs or None
+        if held:                                # open loop: (None, None, e)
+            errs = _sample_check(ad, model, held, query_ids, mode)
+            refuse_mismatch(ad, errs); yield None, None, errs
+
 
 # %% ../nbs/11e_lm_dynamics.ipynb #c01211e
 def _cat(xs):
@@ -263,26 +305,22 @@ def prefix_patches(
         seed: int = 0,  # seeds the checked prefixes
 ) -> HFPatch:
     """The patches of every prefix c_1..i in one pass: row i-1 of (n, q).
-    Open loop, self-checked in closed loop on prefixes 1, n and `check`
-    random ones (drawn with `seed`), or on all with check='all'; `errors`:
-    per layer the largest error the check found."""
+    Open loop, checked in closed loop on prefixes 1, n and `check` random
+    ones (`seed`) or all (check='all'); `errors`: its largest, per layer."""
     parts, errs = [], []
     for _, layers, e in _prefix_chunks(model, context_ids, query_ids, mode,
                                        chunk, check, seed):
-        parts.append(layers); errs += [e] if e else []
-    ad, (n, q) = check_model(model), (context_ids.shape[1],
-                                        query_ids.shape[1])
+        if layers is not None: parts.append(layers)
+        errs += [e] if e else []
+    ad, (n, q) = check_model(model), (*context_ids.shape[1:], *query_ids.shape[1:])
     layers = tuple(LayerPatch(
         tuple(map(_cat, zip(*(p[l].dW for p in parts)))),
         *(_cat([p[l][f] for p in parts]) for f in (1, 2, 3)))
         for l in range(len(ad.layers)))             # dW, db, dW_out, ds
-    dev = query_ids.device
-    pos = (torch.arange(1, n + 1, device=dev)[:, None]
-           + torch.arange(q, device=dev))                      # (n, q)
+    pos = torch.arange(1, n + q, device=query_ids.device).unfold(0, q, 1)
     return HFPatch(layers, n, mode, ad.name, ad.family.name,
                    query_ids.expand(n, q), pos, None,
-                   tuple(map(max, zip(*errs))),
-                   weakref.ref(ad.base))
+                   tuple(map(max, zip(*errs))), weakref.ref(ad.base))
 
 # %% ../nbs/11e_lm_dynamics.ipynb #c01811e
 def _steps(now: list, prev: list) -> torch.Tensor:
@@ -320,6 +358,45 @@ def _factors(ad, l: int, p, part: str) -> list:
     u = p.ds_post[:, -1] * s.to(p.ds_post.dtype)            # its change
     return [RankOne(u, torch.ones_like(u[:, :1]))]
 
+# %% ../nbs/11e_lm_dynamics.ipynb #c01811f
+_GRAM = weakref.WeakKeyDictionary()    # first map -> (weights' state, R)
+
+def _gram(maps, dt) -> torch.Tensor:
+    """R with (W a)·(W b) = (a R)·(b R), W the maps stacked: the Cholesky
+    factor of WᵀW (or Wᵀ if singular), kept until a weight changes."""
+    sig = (dt, *((id(m.weight), m.weight._version) for m in maps))
+    hit = _GRAM.get(maps[0])
+    if hit is not None and hit[0] == sig: return hit[1]
+    W = torch.cat([linear_weight(m) for m in maps]).to(dt)     # (ΣH, d)
+    L, info = torch.linalg.cholesky_ex((W.T @ W).double())
+    R = L.to(dt) if info == 0 else W.T
+    _GRAM[maps[0]] = (sig, R); return R
+
+def _gram_steps(lay, zc: list, z: list, prev) -> tuple:
+    """(m,) steps of the first maps from their inputs with context zc and
+    alone z (m, d): u = W (zc - z), v = z / ||z||², u never formed."""
+    groups = ([(lay.first, zc[0], z[0])] if all(torch.equal(a, z[0]) for a
+              in z) else [([f], a, b) for f, a, b in zip(lay.first, zc, z)])
+    sq, new = 0., []
+    for k, (maps, a, b) in enumerate(groups):
+        b2 = (b.double() ** 2).sum(-1, keepdim=True)
+        if not (b2 > 0).all():
+            raise ValueError("a first MLP map reads a zero vector: its patch "
+                             "is undefined (method='loop' shows where)")
+        D, V, R = a.double() - b.double(), b.double() / b2, _gram(
+            maps, torch.promote_types(a.dtype, torch.float32))
+        Dp, Vp = prev[k] if prev else (torch.zeros_like(D[:1]), V[:1])
+        D, V = torch.cat([Dp, D]), torch.cat([Vp, V])
+        P = (D.to(R.dtype) @ R).double()           # u_{i-1}, u_i as W D
+        p, dp = P[:-1], P[1:] - P[:-1]
+        v, dv = V[1:], V[1:] - V[:-1]
+        sq = sq + ((dp * dp).sum(-1) * (v * v).sum(-1) + (p * p).sum(-1)
+                   * (dv * dv).sum(-1) + 2 * (dp * p).sum(-1)
+                   * (v * dv).sum(-1))
+        new.append((D[-1:], V[-1:]))
+    return sq.clamp_min(0).sqrt(), new
+
+
 # %% ../nbs/11e_lm_dynamics.ipynb #c01812e
 def _check_part(ad, part) -> str:
     "The part to measure: a key of PARTS the family has, or its default."
@@ -351,9 +428,17 @@ def prefix_updates(
     `seed` as prefix_patches; `return_errors`: (U, the check's errors)."""
     ad = check_model(model)
     part, out, prev, errs = _check_part(ad, part), [], None, []
+    fast = part == 'first' and ad.family.moe is None and ad.family.post is None
     for _, layers, e in _prefix_chunks(model, context_ids, query_ids,
-                                       chunk=chunk, check=check, seed=seed):
+                                       chunk=chunk, check=check, seed=seed,
+                                       fast=fast):
         errs += [e] if e else []
+        if layers is None: continue                # fast: the check's errors
+        if fast and check != 'all':                # from the maps' inputs
+            st = [_gram_steps(ad.layers[l], a, b, prev and prev[l])
+                  for l, (a, b) in enumerate(zip(*layers))]
+            out.append(torch.stack([s for s, _ in st], 1))
+            prev = [p for _, p in st]; continue
         last = [_factors(ad, l, p, part) for l, p in enumerate(layers)]
         if prev is None:                            # ΔW(empty) = 0
             prev = [[RankOne(torch.zeros_like(r.u[:1]), r.v[:1])
@@ -405,8 +490,8 @@ def token_updates(
             raise ValueError(
                 "method='loop' measures the first MLP matrices, which a "
                 f"{pattern} block's context does not reach: use the one-pass "
-                "default (it measures the map that carries the context) with "
-                "check='all', or part='first' for the loop's own measure")
+                "default (the map that carries the context) with check='all',"
+                " or part='first' for the loop's own measure")
         return token_updates_loop(model, context_ids, query_ids)
     if method != 'one-pass':
         raise ValueError(f"method must be 'one-pass' or 'loop', got "

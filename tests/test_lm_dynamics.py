@@ -201,3 +201,15 @@ def test_cli_bench_hf_trajectory_prints_one_json_line():
     res = json.loads(r.stdout.strip().splitlines()[-1])
     assert res["n"] == 8 and res["max_rel_diff"] < 1e-5
     assert {"speedup", "forward_ratio"} <= set(res)
+
+
+def test_token_steps_follow_a_weight_written_in_place():
+    "The kept factor of WᵀW is rebuilt when a first map's weight changes."
+    m = tiny_model("llama", "float64", seed=3)
+    C, x = random_ids(1, 8, 0, low=2), random_ids(1, 1, 1, low=2)
+    before = prefix_updates(m, C, x)                 # keeps the factors
+    with torch.no_grad():
+        m.model.layers[0].mlp.up_proj.weight.mul_(1.5)
+    after = prefix_updates(m, C, x)
+    assert rel_err(after, token_updates_loop(m, C, x)) < 1e-10
+    assert rel_err(after[:, 0], before[:, 0]) > 1e-3  # the step moved
