@@ -63,7 +63,7 @@ def plot_equivalence(rows,  # the dicts of error_sweep
         for dtype, tol in TOLERANCE.items():
             ax.axhline(tol, ls=':', c=colors.get(dtype), lw=1)
         ax.set(yscale='log', xlabel='depth $L$ (context 256)' if sweep ==
-               'depth' else 'context length $N$ (depth 10)')
+               'depth' else 'context length $n$ (depth 10)')
     axes[1].set_xscale('log', base=2)
     axes[1].set_xticks([1, 8, 64, 512], ['1', '8', '64', '512'])
     for ax in axes: ax.set_ylabel('max relative error over layers')
