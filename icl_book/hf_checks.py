@@ -249,7 +249,8 @@ def check_finite_run(
 _POOLING = ('SequenceClassification', 'NextSentencePrediction',
             'PreTraining', 'MultipleChoice')
 _PER_TOKEN = ('MaskedLM', 'TokenClassification', 'QuestionAnswering',
-              'LMHeadModel', 'ForCausalLM', 'ElectraForPreTraining')
+              'LMHeadModel', 'ForCausalLM', 'ElectraForPreTraining',
+              'BertGenerationDecoder')     # a causal LM head per position
 
 def _head_kind(model) -> tuple:
     "(class, 'token' or 'pool') of the first known head class in the MRO."

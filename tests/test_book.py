@@ -35,6 +35,7 @@ class _Page(HTMLParser):
         if tag == "img": self.imgs.append(a.get("src", ""))
         if tag == "script" and a.get("src"): self.scripts.append(a["src"])
         if tag in ("pre", "code"): self._pre += 1
+        if tag in ("td", "th"): self.text.append(" | ")    # cells do not run together
 
     def handle_endtag(self, tag):
         if tag in ("pre", "code"): self._pre -= 1
@@ -341,13 +342,7 @@ KNOWN = {
         "nbs/12_cli": ["key | value | key"],
     },
     "progress-bar": {},        # page -> the matched output text
-    "making-of": {             # page -> the phrase
-        "nbs/03_deep": ["2-core machine"],
-        "nbs/04a_trajectories": ["Both were dropped", "2-core machine"],
-        "nbs/11_weights": ["no machine that builds this book",
-                              "No machine that builds this book"],
-        "nbs/reproduction": ["not in the available text"],   # the monitoring row
-    },
+    "making-of": {},           # page -> the phrase
     "glued-plural": {          # page -> the matched words
         "nbs/11d_compress": ["seeds on 9 tasks seeds", "1 points"],
     },
