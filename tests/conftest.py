@@ -2,6 +2,7 @@
 import os
 import shutil
 import sys
+import threading
 from pathlib import Path
 
 import subprocess
@@ -107,7 +108,43 @@ def start_book_build():
     env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
     _BUILD.update(log=log, proc=subprocess.Popen(
         [tool("jupyter-book"), "build", "--all", "-W", "-n", "--keep-going", "."],
-        cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, text=True, env=env))
+        cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, text=True, env=env,
+        start_new_session=True, preexec_fn=_die_with_parent))
+    _kill_build_on_sigterm()
+
+
+def _die_with_parent():
+    "In the build's process: Linux sends it SIGKILL when pytest dies (even by SIGKILL)."
+    import ctypes, signal
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):        # not Linux: sessionfinish still kills it
+        pass
+
+
+def _kill_build(wait=True):
+    """Kill the build and its kernels (its own process group); wait for it, except
+    inside a signal handler (the interrupted code may hold Popen.wait's lock)."""
+    proc = _BUILD.get("proc")
+    if proc is not None and proc.returncode is None:
+        import signal
+        try: os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError: pass
+        if wait: proc.wait()
+
+
+def _kill_build_on_sigterm():
+    "A SIGTERM to pytest (a CI timeout, `kill`) takes the background build with it."
+    import signal
+    if threading.current_thread() is not threading.main_thread(): return
+    old = signal.getsignal(signal.SIGTERM)
+
+    def on_term(signum, frame):
+        _kill_build(wait=False)
+        signal.signal(signal.SIGTERM, old if callable(old) or old == signal.SIG_IGN
+                      else signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGTERM)          # then die as pytest would have
+    signal.signal(signal.SIGTERM, on_term)
 
 
 def pytest_collection_finish(session):
@@ -122,9 +159,7 @@ def pytest_collection_finish(session):
 
 
 def pytest_sessionfinish(session, exitstatus):
-    proc = _BUILD.get("proc")
-    if proc is not None and proc.poll() is None:   # stopped early (-x, Ctrl-C)
-        proc.kill(); proc.wait()
+    _kill_build()                                   # stopped early (-x, Ctrl-C)
 
 
 @pytest.fixture(scope="session")
