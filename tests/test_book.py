@@ -459,6 +459,42 @@ def test_glued_numbers_read(book, doc):
     _against_known("glued-plural", doc, [m.group(0) for m in PLURAL.finditer(text)])
 
 
+def equation_problems(doc: str, raw: str, text: str) -> list:
+    """The book numbers its own equations by chapter, (2.1), (2.2), and names
+    the paper's as the paper's ("the paper's Eq. (8)"), so that the two
+    numberings cannot be confused. Returns what breaks that on page `doc`:
+    a \\tag without the chapter's number, and an "Eq. (n)" in the prose
+    without "paper" or the paper's authors within a few words of it."""
+    m = re.match(r"(\d+)([a-z]*)_", Path(doc).name)
+    chapter = f"{int(m.group(1))}{m.group(2)}" if m else None
+    bad = [f"\\tag{{{t}}}" for t in re.findall(r"\\tag\{([^}]*)\}", _h.unescape(raw))
+           if not (chapter and re.fullmatch(rf"{re.escape(chapter)}\.\d+", t))]
+    for e in re.finditer(r"\bEq(?:uation)?s?\.?\s*\(\d+\)", text):
+        near = text[max(0, e.start() - 40):e.end() + 40]
+        if not re.search(r"paper|Dherin", near):
+            bad.append(near.strip())
+    return bad
+
+
+def test_equation_numbers_tell_book_from_paper():
+    "The check fails on a page that numbers like the paper or cites a bare Eq. (n)."
+    assert equation_problems("nbs/02_patch", r"$$a \tag{2}$$", "") == [r"\tag{2}"]
+    assert equation_problems("nbs/04a_x", r"$$a \tag{4a.1}$$", "") == []
+    assert equation_problems("nbs/02_patch", r"$$a \tag{2.1}$$", "as in (2.1)") == []
+    assert equation_problems("nbs/notation", r"$$a \tag{1.1}$$", "") == [r"\tag{1.1}"]
+    assert len(equation_problems("nbs/07_x", "", "the patch of Eq. (8) alone")) == 1
+    assert equation_problems("nbs/07_x", "", "the patch of the paper's Eq. (8) alone") == []
+
+
+@pytest.mark.parametrize("doc", _toc_files())
+def test_equation_numbers_are_the_books(book, doc):
+    "Book equations carry the chapter's number; the paper's are named as the paper's."
+    path, p = _page(doc)
+    text = re.sub(r"\s+", " ", " ".join(p.text))
+    bad = equation_problems(doc, path.read_text(), text)
+    assert not bad, f"{doc}: equation numbers the reader could take for the paper's: {bad}"
+
+
 def _definitions():
     "name -> the pages whose code defines it (def, class or a top-level name =)."
     out = {}
