@@ -332,14 +332,12 @@ KNOWN = {
     "table-too-wide": {
         "nbs/11a_families": ["pattern | first | last"],
         "nbs/11ba_hf_apply": ["Table 12: pattern | ΔW on | δ (rank1) on"],
-        "nbs/12_cli": ["key | value | key"],
     },
     "math-error": {},          # page -> the red/erroneous TeX
     "raw-tex": {},             # page -> text around the TeX outside maths
     "uncaptioned-table": {     # page -> the table's first header cells
         "nbs/11a_families": ["pattern | first | last"],
         "nbs/11ba_hf_apply": ["bfloat16 | float16 | bert"],
-        "nbs/12_cli": ["key | value | key"],
     },
     "progress-bar": {},        # page -> the matched output text
     "making-of": {},           # page -> the phrase

@@ -77,11 +77,14 @@ def plot_monitor(res  # `monitor_increments`: steps per prompt kind, j
                 ):
     "Figure: increments summed over layers, per context position."
     set_style(); fig, ax = plt.subplots(figsize=(7, 3.6))
-    for name, s in res['steps'].items():
+    style = [dict(lw=5, alpha=0.45), dict(lw=1.5, ls='--'), dict(lw=1.5)]  # clean: a
+    for k, (name, s) in enumerate(res['steps'].items()):  # wide band under the rest
         tot = s.sum(0)                                         # (n-1,)
-        ax.plot(range(2, len(tot) + 2), tot, label=name, lw=1.5)
+        ax.plot(range(2, len(tot) + 2), tot, label=name, c=f'C{k}',
+                **style[min(k, 2)])
     ax.axvline(res['j'] + 1, c='grey', ls=':', lw=1)
-    ax.text(res['j'] + 1.3, ax.get_ylim()[1] * 0.95, 'altered example', fontsize=10, va='top')
+    ax.text(res['j'] + 1.3, ax.get_ylim()[1] * 0.95, 'altered example', fontsize=10,
+            va='top', ha='left')
     ax.set(xlabel='context token $i$',
            ylabel=r'$\sum_\ell \|\Delta W^{\ell}_{i} - \Delta W^{\ell}_{i-1}\|_F$')
-    ax.legend(); fig.tight_layout(); return fig
+    ax.legend(loc='center right'); fig.tight_layout(); return fig
