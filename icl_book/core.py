@@ -282,7 +282,7 @@ def sigint_critical(fn,  # a function or generator function
 
 _CRITICAL = {f.__code__ for f in (InPlace.__enter__, InPlace.__exit__,
                                   InPlace._claim, InPlace._undo)}
-sigint_critical(hold_sigint)     # a Ctrl-C before its first line: held
+_CRITICAL.add(hold_sigint.__code__)  # a Ctrl-C before its first line: held
 
 # %% ../nbs/00_core.ipynb #c0fmt02
 def fmt_count(n,            # a count, or a list of counts

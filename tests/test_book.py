@@ -346,6 +346,11 @@ KNOWN = {
     },
     "wrong-doc-link": {},      # page -> "name -> target (defined in)"
     "wider-than-phone": {},    # page -> the elements that reach past 390 px
+    "stderr-output": {         # page -> the start of a warning a cell printed
+        "nbs/11ab_discovery": ["[transformers] `causal_conv1d_fn` is falling bac",
+                               "[transformers] `selective_scan_fn` is falling ba"],
+        "nbs/11ba_hf_apply": ["Some parameters are on the meta device because t"],
+    },
 }
 
 
@@ -422,6 +427,26 @@ def test_no_progress_bars(book, doc):
              for m in [PROGRESS.search(_h.unescape(out))] if m]
     found += [w for w in ("FloatProgressModel", "IntProgressModel") if f'"{w}"' in raw]
     _against_known("progress-bar", doc, found)
+
+
+def stderr_outputs(raw: str) -> list:
+    "The start of every stderr stream a cell printed (a library's warning, a log line)."
+    return [re.sub(r"\s+", " ", _h.unescape(re.sub(r"<[^>]+>", "", m))).strip()[:48]
+            for m in re.findall(r'class="output stderr[^"]*">(.*?)</div>\s*</div>', raw, re.S)]
+
+
+def test_stderr_outputs_are_found():
+    page = ('<div class="output stderr highlight-myst-ansi notranslate"><div class="highlight">'
+            '<pre><span></span>UserWarning: something &amp; more</pre></div></div>')
+    assert stderr_outputs(page) == ["UserWarning: something & more"]
+    assert stderr_outputs('<div class="output stream"><pre>fine</pre></div></div>') == []
+
+
+@pytest.mark.parametrize("doc", _toc_files())
+def test_no_warnings_in_outputs(book, doc):
+    "No warning or log line on stderr in a cell's output (silence it or say it in prose)."
+    path, _ = _page(doc)
+    _against_known("stderr-output", doc, stderr_outputs(path.read_text()))
 
 
 # words about how the book was made, not about what it shows
