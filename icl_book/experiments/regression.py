@@ -16,14 +16,14 @@ from ..regression import TaskConfig
 def plot_baselines(curves: dict,    # `baseline_curves`: n, ols, ridge
                    cfg: TaskConfig  # the TaskConfig the curves were drawn with
                   ):
-    "Figure: test error of least squares and ridge against n, with formula (1)."
+    "Figure: test error of least squares and ridge against n, with formula (5.1)."
     set_style(); fig, ax = plt.subplots(figsize=(6.4, 4))
     ax.plot(curves['n'], curves['ols'], 'o-', label='least squares (OLS)')
     ax.plot(curves['n'], curves['ridge'], 's-', label=r'ridge, $\lambda = \sigma^2$')
     n1 = [n for n in curves['n'] if n > cfg.d + 1]
     s2 = cfg.noise ** 2
     ax.plot(n1, [s2 * (1 + cfg.d / (n - cfg.d - 1)) for n in n1], 'k:',
-            label='formula (1)')
+            label='formula (5.1)')
     ax.axvline(cfg.d, c='grey', lw=1); ax.axhline(s2, c='grey', ls='--', lw=1)
     ax.text(cfg.d + 0.3, ax.get_ylim()[1] * 0.3, '$n = d$', color='grey')
     ax.set(yscale='log', xlabel='context examples $n$',
