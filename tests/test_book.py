@@ -346,6 +346,10 @@ KNOWN = {
     },
     "wrong-doc-link": {},      # page -> "name -> target (defined in)"
     "wider-than-phone": {},    # page -> the elements that reach past 390 px
+    "raw-markdown": {          # page -> the Markdown the page shows instead of rendering
+        "nbs/11d_compress": ["variants `lstsq_out` (2)", "variants `lstsq` (11), `lstsq_out` (5), "
+                             "`lstsq_out ridge 1` (1), `lstsq r8` (1)"],
+    },
     "stderr-output": {         # page -> the start of a warning a cell printed
         "nbs/11ab_discovery": ["[transformers] `causal_conv1d_fn` is falling bac",
                                "[transformers] `selective_scan_fn` is falling ba"],
@@ -447,6 +451,33 @@ def test_no_warnings_in_outputs(book, doc):
     "No warning or log line on stderr in a cell's output (silence it or say it in prose)."
     path, _ = _page(doc)
     _against_known("stderr-output", doc, stderr_outputs(path.read_text()))
+
+
+def raw_markdown(raw: str) -> list:
+    """Markdown the page shows as text: a `code span` or **bold** that a glued
+    string or a table cell carried past the parser (outside code blocks and
+    the API page's signatures)."""
+    body = raw[raw.find("<main"):]
+    for tag in ("script", "style", "pre", "code"):
+        body = re.sub(rf"<{tag}\b.*?</{tag}>", " ", body, flags=re.S)
+    body = re.sub(r'<dl class="py.*?</dl>', " ", body, flags=re.S)
+    text = re.sub(r"\s+", " ", _h.unescape(re.sub(r"<[^>]+>", " ", body)))
+    return [m.group(0).strip() for m in
+            re.finditer(r"(?:\w+ )?`[^`]{1,40}`(?: \(\d+\))?(?:, `[^`]{1,40}`(?: \(\d+\))?)*"
+                        r"|\*\*\w[^*]{0,40}\*\*", text)]
+
+
+def test_raw_markdown_is_found():
+    assert raw_markdown("<main><p>the variants `lstsq` (2) and **bold**</p></main>") == \
+        ["variants `lstsq` (2)", "**bold**"]
+    assert raw_markdown("<main><p>the <code>lstsq</code> fit, 2 ** 3</p><pre>`x`</pre></main>") == []
+
+
+@pytest.mark.parametrize("doc", _toc_files())
+def test_no_raw_markdown(book, doc):
+    "No backticks or ** shown as text: what a glued string says is rendered or plain."
+    path, _ = _page(doc)
+    _against_known("raw-markdown", doc, raw_markdown(path.read_text()))
 
 
 # words about how the book was made, not about what it shows
