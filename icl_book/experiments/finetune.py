@@ -367,7 +367,10 @@ def plot_factors(runs: dict,   # `finetune_runs`
                  ):
     "Figure: left and right factor cosines, both settings; attn10 per layer."
     set_style()
-    fig, (a, b, c) = plt.subplots(3, 1, figsize=(7, 13))
+    fig = plt.figure(figsize=(11, 8.5))
+    grid = fig.add_gridspec(2, 2, height_ratios=(1, 0.9))
+    a, b = fig.add_subplot(grid[0, 0]), fig.add_subplot(grid[0, 1])
+    c = fig.add_subplot(grid[1, :])
     bins = torch.linspace(-1, 1, 61)
     for k, key in enumerate(('plain', 'preln')):
         r, name = runs[key], runs[key]['name']
@@ -388,5 +391,5 @@ def plot_factors(runs: dict,   # `finetune_runs`
     c.axhline(0, color='k', lw=0.5)
     c.set(xlabel=r'block $\ell$', title='(c) attn10, layer by layer',
           ylabel=r'$\cos(D^{(\ell)}_i, -\nabla_{W_\ell}\ell_{i+1})$')
-    _legend_below(c); fig.tight_layout(h_pad=2)
+    _legend_below(c); fig.tight_layout(h_pad=1.5, w_pad=2)
     return fig
