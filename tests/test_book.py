@@ -455,15 +455,16 @@ def test_no_warnings_in_outputs(book, doc):
 
 def raw_markdown(raw: str) -> list:
     """Markdown the page shows as text: a `code span` or **bold** that a glued
-    string or a table cell carried past the parser (outside code blocks and
-    the API page's signatures)."""
+    string or a table cell carried past the parser, or a directive's fence
+    that was not parsed (outside code blocks and the API page's signatures)."""
     body = raw[raw.find("<main"):]
     for tag in ("script", "style", "pre", "code"):
         body = re.sub(rf"<{tag}\b.*?</{tag}>", " ", body, flags=re.S)
     body = re.sub(r'<dl class="py.*?</dl>', " ", body, flags=re.S)
     text = re.sub(r"\s+", " ", _h.unescape(re.sub(r"<[^>]+>", " ", body)))
     return [m.group(0).strip() for m in
-            re.finditer(r"(?:\w+ )?`[^`]{1,40}`(?: \(\d+\))?(?:, `[^`]{1,40}`(?: \(\d+\))?)*"
+            re.finditer(r"`{3}\{[\w:-]+\}|:{3}\{[\w:-]+\}"     # a directive not parsed
+                        r"|(?:\w+ )?`[^`]{1,40}`(?: \(\d+\))?(?:, `[^`]{1,40}`(?: \(\d+\))?)*"
                         r"|\*\*\w[^*]{0,40}\*\*", text)]
 
 
@@ -471,6 +472,8 @@ def test_raw_markdown_is_found():
     assert raw_markdown("<main><p>the variants `lstsq` (2) and **bold**</p></main>") == \
         ["variants `lstsq` (2)", "**bold**"]
     assert raw_markdown("<main><p>the <code>lstsq</code> fit, 2 ** 3</p><pre>`x`</pre></main>") == []
+    # a fence whose info string holds a backtick is no directive (CommonMark)
+    assert raw_markdown("<main><p>```{table} A <code>x</code> caption</p></main>") == ["```{table}"]
 
 
 @pytest.mark.parametrize("doc", _toc_files())
