@@ -10,10 +10,11 @@ from typing import Optional
 import torch
 from torch import nn
 from torch.func import functional_call
+from torch.overrides import TorchFunctionMode
 from .families import Family, adapter
 
 # %% auto #0
-__all__ = ['ZOO_TINY', 'input_embeddings', 'norm_rounds', 'discover', 'find_adapter', 'zoo_types', 'zoo_model', 'zoo_table']
+__all__ = ['input_embeddings', 'norm_rounds', 'moe_rounds', 'refuse_rounding', 'discover', 'find_adapter']
 
 # %% ../nbs/11ab_discovery.ipynb #discov005
 def _blocks(base: nn.Module, L: int) -> tuple:
@@ -90,6 +91,7 @@ def _scale(cfg, out, h, y) -> Optional[str]:
     "'' if out = h + y; the config field s if out = h + s y; None if neither."
     if not (out.numel() == h.numel() == y.numel()): return None
     h, y = h.reshape(out.shape), y.reshape(out.shape)
+    if not y.double().norm() > 1e-6 * out.double().norm(): return None
     if _same(out, h + y): return ''
     d, y2 = (out - h).double(), y.double()
     s = float((d * y2).sum() / (y2 * y2).sum().clamp_min(1e-300))
@@ -103,17 +105,43 @@ def _scale(cfg, out, h, y) -> Optional[str]:
 def _params_3d(m: nn.Module) -> bool:
     return any(p.dim() == 3 for p in m.parameters())
 
+def _side(R, b, name: str, p, a, d: int) -> Optional[str]:
+    """'first' (reads the MoE input a), 'last' (writes width d) or None: a
+    linear map's by its recorded input (square maps are ambiguous by shape),
+    an expert tensor's or router's by its shape."""
+    o = _parent(name)
+    if o in R and _is_linear(b.get_submodule(o)):
+        if _same(R[o][0], a): return 'first'
+        return 'last' if p.shape[-2 if p.dim() == 3 else 0] == d else None
+    if name.endswith('bias'): return None    # experts' biases (gpt-oss)
+    if p.shape[-1] == d: return 'square' if p.shape[-2] == d else 'first'
+    return 'last' if p.shape[-2] == d else None
+
+def _affine(mod: nn.Module, name: str, x) -> str:
+    "'last' if mod's output is affine in its parameter `name`, else 'first'."
+    P = mod.get_parameter(name).detach()
+    D = torch.randn(P.shape, generator=torch.Generator().manual_seed(0),
+                    dtype=P.dtype).to(P.device) * P.abs().mean()
+    with torch.no_grad():
+        f = [_first_out(functional_call(mod, {name: P + k * D}, (x,)))
+             for k in (0, 1, 2)]
+    return 'last' if _same(f[2] - f[1], f[1] - f[0]) else 'first'
+
 def _moe(R, b, cfg, out, d) -> Optional[dict]:
     "A mixture of experts: out = h + M(a), M holding 3-D expert weights."
     for M, mod in b.named_modules():
-        if not M or M not in R or not _params_3d(mod): continue
+        if not M or M not in R or not _params_3d(mod) \
+                or _positionwise(mod, R[M][0]) is False: continue
         for S in R:
             if not S or _scale(cfg, out, R[S][0], R[M][1]) != '': continue
             ps = [(f'{M}.{n}', p) for n, p in mod.named_parameters()
                   if p.dim() in (2, 3)]
-            first = tuple(n for n, p in ps if p.shape[-1] == d)
-            last = tuple(n for n, p in ps if p.shape[-2] == d
-                         and p.shape[-1] != d)
+            side = {n: _side(R, b, n, p, R[M][0], d) for n, p in ps}
+            for n, p in ps:             # square: affine in it = the last
+                if side[n] == 'square':
+                    side[n] = _affine(mod, n[len(M) + 1:], R[M][0])
+            first = tuple(n for n, _ in ps if side[n] == 'first')
+            last = tuple(n for n, _ in ps if side[n] == 'last')
             if first and last:
                 return dict(pattern='moe', first=first, last=last, stream=S,
                             moe=M)
@@ -130,7 +158,7 @@ def _sequential(R, b, cfg, out, lins) -> Optional[dict]:
             if sc is None: continue
             first = (_firsts(R, lins, R[S][1], but=(L,))
                      or _firsts(R, lins, R[S][0], but=(L,)))
-            if first:
+            if first and _mlp_ok(R, b, first + (L,)):
                 return dict(pattern='pre-norm', first=first, last=L,
                             stream=S, scale=sc or None)
         for P in R:                              # a norm after the MLP
@@ -141,13 +169,26 @@ def _sequential(R, b, cfg, out, lins) -> Optional[dict]:
                 first = (_firsts(R, lins, R[S][1], but=(L,))
                          or _firsts(R, lins, R[S][0], but=(L,)))
                 off = _offset(b.get_submodule(P), R[P][0])
-                if first and off is not None:
+                if first and off is not None \
+                        and _mlp_ok(R, b, first + (L,)):
                     return dict(pattern='post-norm', first=first, last=L,
                                 stream=S, post=P, post_offset=off)
     return None
 
 def _parent(p: str) -> str:
     return p.rsplit('.', 1)[0] if '.' in p else ''
+
+def _mlp_ok(R, b, maps: tuple) -> bool:
+    """Whether the module holding all `maps` is position-wise (an MLP, not a
+    mixer's in- and out-projections); maps directly in the block pass."""
+    parts = [m.split('.')[:-1] for m in maps]     # their modules' paths
+    P = []
+    for ps in zip(*parts):
+        if len(set(ps)) > 1: break
+        P.append(ps[0])
+    P = '.'.join(P)
+    return (not P or P not in R
+            or _positionwise(b.get_submodule(P), R[P][0]) is not False)
 
 # %% ../nbs/11ab_discovery.ipynb #discov009c
 def _offset(norm: nn.Module, x) -> Optional[float]:
@@ -161,13 +202,18 @@ def _offset(norm: nn.Module, x) -> Optional[float]:
         if not y.abs().max() > 0: return c
     return None
 
-def _positionwise(mod: nn.Module, x) -> bool:
-    "Whether mod(x) acts on every position alone (an MLP, no attention)."
+def _positionwise(mod: nn.Module, x) -> Optional[bool]:
+    "Whether mod(x) acts on every position alone; None: x alone is no call."
     try:
         with torch.no_grad():
-            return _same(mod(x).flip(-2), mod(x.flip(-2)))
+            y, yf = (_first_out(mod(t)) for t in (x, x.flip(-2)))
     except Exception:                    # needs more than one input
-        return False
+        return None
+    return _same(y.flip(-2), yf)
+
+def _first_out(o):
+    "A module's output tensor: the first of a tuple (y, router logits, ...)."
+    return o[0] if isinstance(o, (tuple, list)) else o
 
 # %% ../nbs/11ab_discovery.ipynb #discov009cb
 def _parallel(R, b, cfg, out, lins) -> Optional[dict]:
@@ -201,6 +247,53 @@ def norm_rounds(norm: nn.Module,      # a norm with a `weight`
         return bool(torch.equal(norm(x), functional_call(
             norm, {'weight': w2}, (x,))))
 
+# %% ../nbs/11ab_discovery.ipynb #discov009cc
+_ROUNDS = weakref.WeakKeyDictionary()   # MoE module -> (dtype, name)
+
+class _Casts(TorchFunctionMode):
+    "Sees whether any op turns the parameters `ps` into float32 tensors."
+    def __init__(self, ps: dict):
+        super().__init__(); self.ps, self.hit = ps, None
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if isinstance(out, torch.Tensor) and out.dtype == torch.float32:
+            self.hit = self.hit or next((n for n, p in self.ps.items()
+                                         if any(a is p for a in args)), None)
+        return out
+
+def moe_rounds(moe: nn.Module,    # a mixture-of-experts module
+               names: tuple,      # its first parameters' names
+               dtype: torch.dtype  # the model's dtype
+               ) -> Optional[str]:
+    "The first parameter a float64 MoE casts to float32 (its router), or None."
+    if dtype != torch.float64: return None
+    if (hit := _ROUNDS.get(moe)) and hit[0] == dtype: return hit[1]
+    ps = {n: p for n, p in moe.named_parameters() if n in names}
+    g = torch.Generator(device='cpu').manual_seed(0)
+    x = torch.randn(1, 3, ps[names[0]].shape[-1], generator=g, dtype=dtype)
+    with torch.no_grad(), _Casts(ps) as mode:
+        moe(x.to(ps[names[0]].device))
+    _ROUNDS[moe] = (dtype, mode.hit)
+    return mode.hit
+
+def refuse_rounding(ad  # the model's adapter
+                    ) -> None:
+    "Refuse a float64 model whose MoE router computes in float32."
+    dt = next(p.dtype for p in ad.base.parameters() if p.is_floating_point())
+    for l, lay in enumerate(ad.layers):
+        if lay.moe is None: continue
+        cut = len(lay.family.moe) + 1
+        if n := moe_rounds(lay.moe, tuple(p[cut:] for p in lay.family.first),
+                           dt):
+            raise ValueError(
+                f"layer {l} of the {ad.name}: its mixture of experts "
+                f"applies {n} in float32 even in this float64 model, so a "
+                "patched router is rounded to float32 and the routing "
+                "weights are off by float32 round-off (about 1e-7), which "
+                "no float64 self-check should pass as exact: use the "
+                "model in float32, where that is its own round-off")
+
+
 # %% ../nbs/11ab_discovery.ipynb #discov009d
 def _post_ln(R, b, cfg, out, lins) -> Optional[dict]:
     "Post-LN: out = N(h + y_last), the first maps reading h."
@@ -232,8 +325,29 @@ def _encoder(base: nn.Module, ids) -> bool:
     "Whether position 0's output depends on a later token (bidirectional)."
     other = ids.clone(); other[0, -1] = ids[0, -2]
     with torch.no_grad():
-        a, b = (base(input_ids=t)[0][0, 0] for t in (ids, other))
+        a, b = (base(input_ids=t, **_no_cache(base))[0][0, 0]
+                for t in (ids, other))
     return not torch.equal(a, b)
+
+# %% ../nbs/11ab_discovery.ipynb #discov011a
+def _n_linear(m: nn.Module) -> int:
+    return sum(_is_linear(s) for s in m.modules()) + _params_3d(m)
+
+def _why_none(R: dict, b: nn.Module) -> str:
+    "The structural reason a block matches no pattern."
+    mix = [p for p, m in b.named_children() if p in R and _n_linear(m)
+           and not _positionwise(m, R[p][0])]     # attention, recurrence
+    mlp = [p for p, m in b.named_modules() if p in R and not _is_linear(m)
+           and _n_linear(m) >= 2 and not any(_under(p, x) for x in mix)
+           and _positionwise(m, R[p][0])]
+    if not mlp:
+        return (f"has a mixer ({', '.join(mix) or 'no sublayer'}) followed "
+                "by no MLP: nothing position-wise of its own that the patch "
+                "could change to carry the context")
+    return (f"has an MLP ({mlp[0]}) whose output reaches the block's "
+            f"output in none of the ways the patch needs ({_TRIED}): no "
+            "map of it whose output the block adds to its stream")
+
 
 # %% ../nbs/11ab_discovery.ipynb #discov011b
 def _body(base: nn.Module, path: str, ids) -> str:
@@ -247,7 +361,7 @@ def _body(base: nn.Module, path: str, ids) -> str:
                 for t in (*a[:1], k.get('input_ids'))) else None,
             with_kwargs=True))
     try:
-        with torch.no_grad(): base(input_ids=ids)
+        with torch.no_grad(): base(input_ids=ids, **_no_cache(base))
     finally:
         for h in hs: h.remove()
     return max(got, key=len, default='')
@@ -264,7 +378,28 @@ def _blocks_of(model) -> tuple:
     L = getattr(cfg, 'num_hidden_layers', None)
     if not isinstance(L, int):
         raise TypeError(f"{name}: its config gives no num_hidden_layers")
-    return (base, *_blocks(base, L))
+    try: return (base, *_blocks(base, L))
+    except TypeError:
+        if (sh := _shared(base, L, _probe_ids(model))) is None: raise
+    raise TypeError(
+        f"{name}: one layer ({sh}) runs at all {L} depths with the same "
+        "weights (shared across depths, as ALBERT does), so a patch of its "
+        "weights for one depth would change every depth")
+
+def _shared(base: nn.Module, L: int, ids) -> Optional[str]:
+    "The outermost module with linear maps that runs L times in one pass."
+    n, hs = Counter(), []
+    for p, m in base.named_modules():
+        if p and not _is_linear(m) and _n_linear(m) >= 2:
+            hs.append(m.register_forward_hook(
+                lambda m, a, o, p=p: n.update([p])))
+    try:
+        with torch.no_grad(): base(input_ids=ids, **_no_cache(base))
+    except Exception: return None
+    finally:
+        for h in hs: h.remove()
+    runs = [p for p, k in n.items() if k >= L > 1]
+    return min(runs, key=len, default=None)
 
 def _probe_ids(model) -> torch.Tensor:
     "Six token ids (2..7 modulo the vocabulary), on the embedding's device."
@@ -273,26 +408,26 @@ def _probe_ids(model) -> torch.Tensor:
     return (torch.arange(2, 8) % V).to(emb.weight.device)[None]
 
 # %% ../nbs/11ab_discovery.ipynb #discov011bc
-def _one_structure(name: str, blocks, R: list, cfg) -> dict:
-    "The pattern every block shares; TypeError naming a block that differs."
+def _one_structure(name: str, blocks, R: list, cfg) -> list:
+    "Every block's pattern; TypeError with the reason for one that has none."
     found = []
     for l, b in enumerate(blocks):
         f = _classify(R[l], b, cfg) if '' in R[l] else None
         if f is None:
-            raise TypeError(
-                f"{name}: block {l} ({type(b).__name__}) matches none of "
-                f"the structures the patch needs ({_TRIED}): no linear map "
-                "of an MLP whose output the block adds to its stream after "
-                "the contextual layer")
+            raise TypeError(f"{name}: block {l} ({type(b).__name__}) "
+                            + _why_none(R[l], b))
         found.append(f)
-    if any(f != found[0] for f in found):
-        l = next(i for i, f in enumerate(found) if f != found[0])
-        raise TypeError(
-            f"{name}: its blocks differ in structure (block 0: "
-            f"{found[0]['pattern']} {found[0].get('first')}; block {l}: "
-            f"{found[l]['pattern']} {found[l].get('first')}); one record "
-            "describes one structure")
-    return found[0]
+    return found
+
+def _mixed(fams: list) -> Family:
+    """One record of blocks that differ (MoE with dense layers, hybrids):
+    block 0's paths, each block's own record in `blocks`."""
+    pats = ' + '.join(dict.fromkeys(f.pattern for f in fams))
+    post = next((f for f in fams if f.post), fams[0])
+    return fams[0]._replace(
+        pattern=pats, blocks=tuple(fams), post=post.post,
+        post_offset=post.post_offset,
+        moe=next((f.moe for f in fams if f.moe), None))
 
 def discover(model  # a transformers model (with or without its head)
              ) -> Family:
@@ -306,7 +441,9 @@ def discover(model  # a transformers model (with or without its head)
     kw = dict(layers=path[len(body) + 1:] if body else path,
               model_type=cfg.model_type, body=body or None,
               encoder=_encoder(base, ids))
-    return Family(cfg.model_type, **kw, **found)
+    fams = [Family(cfg.model_type, **kw, **f) for f in found]
+    return fams[0] if all(f == fams[0] for f in fams) else _mixed(fams)
+
 
 # %% ../nbs/11ab_discovery.ipynb #discov013
 _FOUND = weakref.WeakKeyDictionary()     # base model -> discovered Family
@@ -321,82 +458,3 @@ def find_adapter(model):  # a transformers model, described or not
     base = getattr(model, 'base_model', model)
     if base not in _FOUND: _FOUND[base] = discover(model)
     return adapter(model, _FOUND[base])
-
-# %% ../nbs/11ab_discovery.ipynb #discov_z1
-ZOO_TINY = dict(       # tiny sizes under every name the configs use
-    vocab_size=97, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-    num_key_value_heads=2, intermediate_size=64, head_dim=8,
-    max_position_embeddings=128, n_embd=32, n_layer=2, n_head=4, d_model=32,
-    num_layers=2, ffn_dim=64, n_positions=128, hidden_dim=64, dim=32,
-    n_layers=2, n_heads=4, encoder_layers=2, decoder_layers=2,
-    encoder_attention_heads=4, decoder_attention_heads=4,
-    encoder_ffn_dim=64, decoder_ffn_dim=64, rotary_dim=4, kv_lora_rank=16,
-    qk_rope_head_dim=4, qk_nope_head_dim=4, v_head_dim=8,
-    moe_intermediate_size=16, pad_token_id=0, bos_token_id=0, eos_token_id=1)
-_RETRY = ('head_dim', 'num_key_value_heads', 'rotary_dim', 'v_head_dim',
-          'kv_lora_rank', 'qk_rope_head_dim', 'qk_nope_head_dim')
-
-def zoo_types() -> list:
-    "(model_type, 'causal' | 'masked') of every LM head transformers has."
-    from transformers.models.auto import modeling_auto as ma
-    c = set(ma.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)
-    return sorted((t, 'causal') for t in c) + sorted(
-        (t, 'masked') for t in ma.MODEL_FOR_MASKED_LM_MAPPING_NAMES
-        if t not in c)
-
-# %% ../nbs/11ab_discovery.ipynb #discov_z2
-def zoo_model(model_type: str,       # a transformers model_type
-              kind: str = 'causal'):  # 'causal' or 'masked' LM head
-    "A tiny random float64 LM of `model_type` that runs; its error else."
-    import transformers as tf
-    auto = (tf.AutoModelForCausalLM if kind == 'causal'
-            else tf.AutoModelForMaskedLM)
-    err, drop = None, set()
-    for _ in range(len(_RETRY) + 1):      # drop the fields an error names
-        kw = {k: v for k, v in ZOO_TINY.items() if k not in drop}
-        try:
-            with warnings.catch_warnings():
-                warnings.simplefilter('ignore')
-                cfg = tf.AutoConfig.for_model(model_type, **kw)
-                with torch.device('meta'): size = sum(
-                    p.numel() for p in auto.from_config(cfg).parameters())
-                if size > 20_000_000:
-                    raise ValueError(f"not tiny: {size:,} parameters")
-                torch.manual_seed(0)
-                m = auto.from_config(cfg).double().eval()
-            if hasattr(m, 'set_experts_implementation'):
-                try: m.set_experts_implementation('eager')  # float64
-                except (ValueError, AttributeError): pass
-            ids = torch.arange(2, 9)[None] % cfg.vocab_size
-            with torch.no_grad(): m(ids, use_cache=False)   # it runs
-            return m
-        except Exception as e:            # transformers cannot build it
-            err, named = err or e, {k for k in _RETRY if k in str(e)} - drop
-            if not named: break
-            drop |= named
-    raise err
-
-# %% ../nbs/11ab_discovery.ipynb #discov_z3
-def zoo_table(rows: list  # dicts with type, result (and pattern, why)
-              ) -> str:
-    "Markdown: the zoo's counts, its exact types by pattern, the refusals."
-    n = Counter(r['result'] for r in rows)
-    pat = {}
-    for r in rows:
-        if r['result'] == 'exact':
-            pat.setdefault(r.get('pattern', '?'), []).append(r['type'])
-    out = [f"Tiny random float64 models of {len(rows)} causal-LM and "
-           f"masked-LM types: {n['exact']} exact (every layer <= 1e-12, "
-           f"the output <= 1e-10), {n['within the self-check']} within the "
-           f"self-check (every layer <= 1e-9), {n['refused']} refused with a "
-           f"reason, {n['transformers fails']} where transformers' own run "
-           f"fails under the patch's calls, {n['not buildable']} that "
-           f"transformers cannot build at tiny sizes (or composite ones), "
-           f"{n['inexact']} silently wrong.", '',
-           '| structural pattern | exact types |', '|---|---|']
-    out += [f"| {p} | {', '.join(f'`{t}`' for t in sorted(ts))} |"
-            for p, ts in sorted(pat.items())]
-    out += ['', '| refused type | reason |', '|---|---|']
-    out += [f"| `{r['type']}` | {r['why'].split(': ', 1)[-1][:150]} |"
-            .replace('\n', ' ') for r in rows if r['result'] == 'refused']
-    return '\n'.join(out)

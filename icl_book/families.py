@@ -17,7 +17,8 @@ __all__ = ['PATTERNS', 'FAMILIES', 'SUPPORTED', 'TINY_ARCHS', 'Family', 'tiny_mo
 class Family(NamedTuple):
     "Where one transformer family keeps what the patch touches, as data."
     name: str                 # our name (its config's model_type)
-    pattern: str              # structural pattern (a key of PATTERNS)
+    pattern: str              # structural pattern (a key of PATTERNS, or
+                              # several joined by ' + ': see blocks)
     layers: str               # base-model path of the list of blocks
     first: tuple              # block paths of the maps reading the MLP input a
     last: str                 # block path of the MLP's last map (reads g)
@@ -36,6 +37,7 @@ class Family(NamedTuple):
     moe: Optional[str] = None # block path of a mixture-of-experts module;
                               # first and last then name its parameters
     encoder: bool = False     # every position reads every other
+    blocks: tuple = ()        # one record per block where blocks differ
 
 PATTERNS = {
     'pre-norm': "pre-norm, sequential: h = z + A(LN1 z), out = h + M(LN2 h)",
@@ -44,6 +46,7 @@ PATTERNS = {
     'post-norm': "norm after the MLP: out = h + N3(M(LN2 h)), LN2 optional",
     'moe': "mixture of experts, pre-norm: out = h + sum_S w_e D_e g_e(LN2 h)",
 }
+
 
 # %% ../nbs/11a_families.ipynb #c00711a
 def _llama_like(name, **kw):
@@ -277,6 +280,7 @@ class Layer(NamedTuple):
     post: Optional[nn.Module]  # norm after the MLP, or None
     moe: Optional[nn.Module] = None  # mixture of experts: first and last
                                      # are then its parameters
+    family: Optional[Family] = None  # the record of this block
 
     @property
     def norm(self) -> Optional[nn.Module]:
@@ -359,13 +363,13 @@ def _resolve_layer(b: nn.Module, fam: Family, l: int, cfg) -> Layer:
         first = tuple(_param(b, p, w, d) for p in fam.first)
         last = tuple(_param(b, p, w) for p in fam.last)
         return Layer(b, first, last, _get(b, fam.stream, w),
-                     (), None, _get(b, fam.moe, w))
+                     (), None, _get(b, fam.moe, w), fam)
     first = tuple(_linear(_get(b, p, w), f"{w} {p}") for p in fam.first)
     return Layer(
         b, first, _linear(_get(b, fam.last, w), f"{w} {fam.last}"),
         _get(b, fam.stream, w) if fam.stream else None,
         tuple(_get(b, p, w) for p in fam.branch),
-        _get(b, fam.post, w) if fam.post else None)
+        _get(b, fam.post, w) if fam.post else None, None, fam)
 
 def adapter(model,  # a transformers model, with or without its head
             family: Optional[Family] = None  # None: by model_type
@@ -380,7 +384,11 @@ def adapter(model,  # a transformers model, with or without its head
     base = getattr(model, 'base_model', model)
     if fam.body: base = _get(base, fam.body, type(base).__name__)
     blocks = _get(base, fam.layers, type(base).__name__)
-    layers = [_resolve_layer(b, fam, l, cfg) for l, b in enumerate(blocks)]
+    if fam.blocks and len(fam.blocks) != len(blocks):
+        raise TypeError(f"{fam.name}: {len(fam.blocks)} block records for "
+                        f"{len(blocks)} blocks")
+    layers = [_resolve_layer(b, fam.blocks[l] if fam.blocks else fam, l,
+                             cfg) for l, b in enumerate(blocks)]
     scale = float(getattr(cfg, fam.scale)) if fam.scale else 1.
     gen = getattr(model, 'can_generate', None)
     return Adapter(fam, type(model).__name__, base, layers, scale,

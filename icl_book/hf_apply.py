@@ -18,8 +18,8 @@ from icl_book.hf_checks import (
     model_state, refuse_stale, restored, check_call, claim, check_owner,
     check_mode)
 from .hf_patch import (
-    context_patches, output_tensor, _Win, _base_forward, _hooks, _layer_err,
-    _moe_run, _moe_first, _moe_last)
+    context_patches, output_tensor, accepts_kwarg, _Win, _base_forward,
+    _hooks, _layer_err, _moe_run, _moe_first, _moe_last)
 
 # %% auto #0
 __all__ = ['write_weights', 'patched', 'moe_routing', 'patch_errors', 'generate_without_context']
@@ -146,7 +146,7 @@ def _write_dense(write, ad: Adapter, lay, p) -> None:
                 "float32 even in this float64 model, so a scale written "
                 "into its weight would be rounded to float32; use the "
                 "default inplace=False (exact)")
-        write(w, (ad.family.post_offset + w.to(p.ds_post.dtype))
+        write(w, (lay.family.post_offset + w.to(p.ds_post.dtype))
               * p.ds_post.reshape(-1), 'norm after the MLP')
 
 # %% ../nbs/11ba_hf_apply.ipynb #ba_w025d
@@ -215,7 +215,8 @@ def patched(model,             # the model the patches were computed for
         else: fn.update(first=ap.first, last=ap.last, post=ap.post,
                         moe=ap.moe)
         _hooks(st, ad, patches.shape[0], **fn)
-        ap.expect.append(model_state(ad))
+        ap.expect.append(patches.state if patches.state and not inplace
+                         else model_state(ad, bits=True))   # byte sums
         opened = True; release_sigint()        # a held-back Ctrl-C: here
         yield model
     finally:
@@ -227,18 +228,19 @@ def patched(model,             # the model the patches were computed for
         finally: release_sigint()
 
 # %% ../nbs/11ba_hf_apply.ipynb #4e5a0536
-def _get_router(lay, fam) -> nn.Module:
-    "The module owning the record's first `first` parameter (the router)."
+def _get_router(lay) -> nn.Module:
+    "The module owning the layer record's first `first` parameter (router)."
     m = lay.block
-    for part in fam.first[0].split('.')[:-1]: m = getattr(m, part)
+    for part in lay.family.first[0].split('.')[:-1]: m = getattr(m, part)
     return m
 
 def _router_calls(ad: Adapter, model, context_ids, query_ids, patches):
-    "Per layer: the router's output with the context, and its patched calls."
-    calls = [[] for _ in ad.layers]
+    "Per MoE layer: the router's output with the context, its patched calls."
+    moe = [lay for lay in ad.layers if lay.moe is not None]
+    calls = [[] for _ in moe]
     with torch.no_grad(), ExitStack() as st:
-        for l, lay in enumerate(ad.layers):
-            st.callback(_get_router(lay, ad.family).register_forward_hook(
+        for l, lay in enumerate(moe):
+            st.callback(_get_router(lay).register_forward_hook(
                 lambda m, a, o, l=l: calls[l].append(o)).remove)
         _base_forward(ad, torch.cat([context_ids, query_ids], 1))
         ctx = [c[-1] for c in calls]            # (B (n + q), E), ...
@@ -266,14 +268,15 @@ def moe_routing(model,                      # a mixture-of-experts model
                 query_ids: torch.Tensor,    # query token ids (B, q)
                 patches: HFPatch,           # their `context_patches`
                ) -> list:
-    """Per MoE layer, at the query positions: whether the patched router
-    selects the with-context experts, its logits' error, and the margin."""
+    """Per MoE layer (dense layers skipped), at the query positions: whether
+    the patched router selects the with-context experts, its logits' error,
+    and the margin."""
     ad = check_model(model); check_patch(ad, patches)
     if patches.query_mask is not None:
         raise ValueError("moe_routing compares unpadded runs: compute the "
                          "patches without an attention_mask")
     n, (B, q) = patches.start, patches.shape
-    if not ad.family.moe:
+    if all(lay.moe is None for lay in ad.layers):
         raise TypeError(f"{ad.name} has no mixture of experts to route")
     ctx, calls = _router_calls(ad, model, context_ids, query_ids, patches)
     return [_routing(c, calls[l][-B * q:], B, n, q)   # per-position calls
@@ -287,6 +290,7 @@ def _outputs(ad: Adapter, model, ids, **kw):
         for lay in ad.layers:
             st.callback(lay.block.register_forward_hook(
                 lambda m, a, o: outs.append(output_tensor(o))).remove)
+        if accepts_kwarg(model, 'use_cache'): kw['use_cache'] = False
         r = model(ids, **kw)
     out = r.logits if hasattr(r, 'logits') else r.last_hidden_state
     return outs, out

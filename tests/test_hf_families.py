@@ -15,7 +15,8 @@ pytest.importorskip("transformers", reason="the hf extra is not installed: "
 from icl_book.core import rel_err  # noqa: E402
 from icl_book.families import FAMILIES, TINY_ARCHS, adapter, tiny_model  # noqa: E402
 from conftest import model_output as out, random_ids as ids, snapshot  # noqa: E402
-from icl_book.hf import context_patches, moe_routing, patched  # noqa: E402
+from icl_book.hf import (check_model, context_patches, moe_routing,  # noqa: E402
+                         patch_errors, patched)
 
 TOL = {"float64": 1e-12, "float32": 1e-5}
 
@@ -183,9 +184,19 @@ def test_undescribed_layouts_are_refused():
         adapter(tiny_model("opt", do_layer_norm_before=False))
     with pytest.raises(TypeError, match="decoder_sparse_step"):
         adapter(tiny_model("qwen2_moe", decoder_sparse_step=2))
-    mixed = tiny_model("qwen2_moe", decoder_sparse_step=2)   # dense + MoE
-    with pytest.raises(TypeError, match="blocks differ in structure"):
-        context_patches(mixed, ids(1, 3, 0), ids(1, 1, 1))
+
+
+
+@pytest.mark.parametrize("field", [dict(decoder_sparse_step=2),
+                                   dict(mlp_only_layers=[0, 2])])
+def test_moe_with_dense_layers_mixed_in_is_exact(field):
+    "Refused before (its blocks differ); now one record per block."
+    mixed = tiny_model("qwen2_moe", **field)            # dense + MoE
+    ad = check_model(mixed)
+    assert ad.family.pattern == "pre-norm + moe"
+    assert [lay.moe is not None for lay in ad.layers] == [False, True, False]
+    e = patch_errors(mixed, ids(1, 5, 0), ids(1, 2, 1))
+    assert max(e["per_layer"]) <= 1e-12 and e["output"] <= 1e-12
 
 
 def test_undescribed_phimoe_is_discovered_and_exact():
@@ -353,16 +364,23 @@ def test_cuda_exact():
         assert rel_err(out(m, x)[:, -1], full) <= 1e-5
 
 
-def test_discovery_refuses_with_the_structural_reason():
-    from icl_book.discovery import zoo_model
-    with pytest.raises(TypeError, match="matches none of the structures"):
-        context_patches(zoo_model("mamba"), ids(1, 3, 0), ids(1, 1, 1))
+@pytest.mark.parametrize("mt,kind,why", [
+    ("mamba", "causal", "MambaForCausalLM: block 0 \\(MambaBlock\\) has a "
+     "mixer \\(mixer\\) followed by no MLP"),
+    ("albert", "masked", "one layer \\(encoder.albert_layer_groups.0\\) runs "
+     "at all 2 depths with the same weights"),
+    ("xlm", "causal", "MultiHeadAttention\\) has a mixer"),
+])
+def test_discovery_refuses_with_the_structural_reason(mt, kind, why):
+    from icl_book.experiments.discovery import zoo_model
+    with pytest.raises(TypeError, match=why):
+        context_patches(zoo_model(mt, kind), ids(1, 3, 0), ids(1, 1, 1))
 
 
 def test_discovered_encoder_pooling_head_is_refused():
     "ModernBERT (pre-norm encoder, discovered) pools position 0 as BERT does."
     import transformers
-    from icl_book.discovery import zoo_model
+    from icl_book.experiments.discovery import zoo_model
     cfg = zoo_model("modernbert", "masked").config
     torch.manual_seed(0)
     m = transformers.ModernBertForSequenceClassification(cfg).double().eval()
