@@ -284,7 +284,7 @@ class Layer(NamedTuple):
 
     @property
     def norm(self) -> Optional[nn.Module]:
-        "The module reading h (the name used before the split)."
+        "The module reading h: another name for `stream`."
         return self.stream
 
 class Adapter(NamedTuple):

@@ -96,6 +96,6 @@ def zoo_table(rows: list  # dicts with type, result (and pattern, why)
     out += [f"| {p} | {', '.join(f'`{t}`' for t in sorted(ts))} |"
             for p, ts in sorted(pat.items())]
     out += ['', '| refused type | reason |', '|---|---|']
-    out += [f"| `{r['type']}` | {r['why'].split(': ', 1)[-1][:150]} |"
+    out += [f"| `{r['type']}` | {r['why'].split(': ', 1)[-1][:220]} |"
             .replace('\n', ' ') for r in rows if r['result'] == 'refused']
     return '\n'.join(out)
