@@ -106,16 +106,16 @@ def _params_3d(m: nn.Module) -> bool:
     return any(p.dim() == 3 for p in m.parameters())
 
 def _side(R, b, name: str, p, a, d: int) -> Optional[str]:
-    """'first' (reads the MoE input a), 'last' (writes width d) or None: a
-    linear map's by its recorded input (square maps are ambiguous by shape),
-    an expert tensor's or router's by its shape."""
+    """'first' (reads the MoE input a), 'last' (writes width d), 'probe'
+    or None: a linear map's by its recorded input, a router's by its shape;
+    an expert tensor (either layout) or a square router is probed."""
     o = _parent(name)
     if o in R and _is_linear(b.get_submodule(o)):
         if _same(R[o][0], a): return 'first'
         return 'last' if p.shape[-2 if p.dim() == 3 else 0] == d else None
-    if name.endswith('bias'): return None    # experts' biases (gpt-oss)
-    if p.shape[-1] == d: return 'square' if p.shape[-2] == d else 'first'
-    return 'last' if p.shape[-2] == d else None
+    if name.endswith('bias') or d not in p.shape[-2:]: return None
+    if p.dim() == 3 or p.shape == (d, d): return 'probe'
+    return 'first' if p.shape[-1] == d else 'last'
 
 def _affine(mod: nn.Module, name: str, x) -> str:
     "'last' if mod's output is affine in its parameter `name`, else 'first'."
@@ -137,14 +137,17 @@ def _moe(R, b, cfg, out, d) -> Optional[dict]:
             ps = [(f'{M}.{n}', p) for n, p in mod.named_parameters()
                   if p.dim() in (2, 3)]
             side = {n: _side(R, b, n, p, R[M][0], d) for n, p in ps}
-            for n, p in ps:             # square: affine in it = the last
-                if side[n] == 'square':
+            for n, p in ps:             # affine in it: the last
+                if side[n] == 'probe':
                     side[n] = _affine(mod, n[len(M) + 1:], R[M][0])
             first = tuple(n for n, _ in ps if side[n] == 'first')
             last = tuple(n for n, _ in ps if side[n] == 'last')
+            tr = tuple(n for n, p in ps if p.dim() == 3 and (
+                side[n] == 'first' and p.shape[-1] != d or
+                side[n] == 'last' and p.shape[-2] != d))   # (E, in, out)
             if first and last:
                 return dict(pattern='moe', first=first, last=last, stream=S,
-                            moe=M)
+                            moe=M, transposed=tr)
     return None
 
 # %% ../nbs/11ab_discovery.ipynb #discov009b
@@ -335,15 +338,26 @@ def _n_linear(m: nn.Module) -> int:
 
 def _why_none(R: dict, b: nn.Module) -> str:
     "The structural reason a block matches no pattern."
-    mix = [p for p, m in b.named_children() if p in R and _n_linear(m)
-           and not _positionwise(m, R[p][0])]     # attention, recurrence
-    mlp = [p for p, m in b.named_modules() if p in R and not _is_linear(m)
-           and _n_linear(m) >= 2 and not any(_under(p, x) for x in mix)
-           and _positionwise(m, R[p][0])]
-    if not mlp:
+    if not any(_is_linear(m) for m in b.modules()):
+        kinds = sorted({type(m).__name__ for m in b.modules()
+                        if 'Linear' in type(m).__name__})
+        return ("has no nn.Linear (or Conv1D) map the patch could write"
+                + (f": its maps are {', '.join(kinds)}" if kinds else ""))
+    pw = {p: _positionwise(m, R[p][0]) for p, m in b.named_modules()
+          if p in R and p and not _is_linear(m) and _n_linear(m)}
+    mix = [p for p, m in b.named_children() if pw.get(p) is False]
+    odd = [p for p, m in b.named_children() if p in pw and pw[p] is None]
+    mlp = [p for p, v in pw.items() if v and _n_linear(b.get_submodule(p))
+           >= 2 and not any(_under(p, x) for x in mix)]
+    if not mlp and (mix or not odd):
         return (f"has a mixer ({', '.join(mix) or 'no sublayer'}) followed "
-                "by no MLP: nothing position-wise of its own that the patch "
-                "could change to carry the context")
+                "by no MLP: no sublayer that acts on each position alone, "
+                "which the patch could change to carry the context")
+    if not mlp:
+        return (f"has sublayers ({', '.join(odd)}) that take more than the "
+                "stream as input (a state, a second input), so none of "
+                "them can be checked to be an MLP that acts on each "
+                "position alone")
     return (f"has an MLP ({mlp[0]}) whose output reaches the block's "
             f"output in none of the ways the patch needs ({_TRIED}): no "
             "map of it whose output the block adds to its stream")
@@ -374,6 +388,10 @@ def _blocks_of(model) -> tuple:
         raise TypeError(f"{name}: an encoder-decoder's cross-attention "
                         "reads the encoder states, which no patch of the "
                         "decoder's own weights replaces")
+    if getattr(cfg, 'attention_window', None):
+        raise TypeError(f"{name}: it pads its input to a multiple of its "
+                        "attention_window inside its forward, so its blocks "
+                        "see positions that no patch of the query follows")
     base = getattr(model, 'base_model', model)
     L = getattr(cfg, 'num_hidden_layers', None)
     if not isinstance(L, int):
@@ -408,16 +426,25 @@ def _probe_ids(model) -> torch.Tensor:
     return (torch.arange(2, 8) % V).to(emb.weight.device)[None]
 
 # %% ../nbs/11ab_discovery.ipynb #discov011bc
-def _one_structure(name: str, blocks, R: list, cfg) -> list:
+def _one_structure(name: str, blocks, R: list, cfg, split='') -> list:
     "Every block's pattern; TypeError with the reason for one that has none."
     found = []
     for l, b in enumerate(blocks):
         f = _classify(R[l], b, cfg) if '' in R[l] else None
         if f is None:
             raise TypeError(f"{name}: block {l} ({type(b).__name__}) "
-                            + _why_none(R[l], b))
+                            + _why_none(R[l], b) + split)
         found.append(f)
     return found
+
+def _split(base: nn.Module, path: str, L: int) -> str:
+    "A note when each depth is spread over sibling lists (XLM's layout)."
+    par = base.get_submodule(_parent(path))
+    lists = [n for n, m in par.named_children()
+             if isinstance(m, nn.ModuleList) and len(m) == L]
+    return ('' if len(lists) < 2 else f"; each depth is spread over the "
+            f"lists {', '.join(lists)}, so no one module is a block whose "
+            "input and output the patch could read")
 
 def _mixed(fams: list) -> Family:
     """One record of blocks that differ (MoE with dense layers, hybrids):
@@ -436,7 +463,8 @@ def discover(model  # a transformers model (with or without its head)
     base, path, blocks = _blocks_of(model)
     ids = _probe_ids(model)
     R = _record(base, blocks, ids)
-    found = _one_structure(type(model).__name__, blocks, R, cfg)
+    found = _one_structure(type(model).__name__, blocks, R, cfg,
+                           _split(base, path, len(blocks)))
     body = _body(base, path, ids)              # a wrapper's decoder
     kw = dict(layers=path[len(body) + 1:] if body else path,
               model_type=cfg.model_type, body=body or None,

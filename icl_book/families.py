@@ -11,7 +11,7 @@ from .core import resolve_dtype
 
 # %% auto #0
 __all__ = ['PATTERNS', 'FAMILIES', 'SUPPORTED', 'TINY_ARCHS', 'Family', 'tiny_model', 'Layer', 'Adapter', 'linear_weight',
-           'supported', 'find_family', 'adapter']
+           'supported', 'find_family', 'adapter', 'moe_first_delta', 'moe_last_deltas', 'moe_layout']
 
 # %% ../nbs/11a_families.ipynb #c00511a
 class Family(NamedTuple):
@@ -38,6 +38,8 @@ class Family(NamedTuple):
                               # first and last then name its parameters
     encoder: bool = False     # every position reads every other
     blocks: tuple = ()        # one record per block where blocks differ
+    transposed: tuple = ()    # MoE: 3-D paths stored (E, in, out), not
+                              # (E, out, in) (gpt-oss, Llama 4)
 
 PATTERNS = {
     'pre-norm': "pre-norm, sequential: h = z + A(LN1 z), out = h + M(LN2 h)",
@@ -313,13 +315,13 @@ def _linear(m: nn.Module, where: str) -> nn.Module:
                     f"Conv1D, got {type(m).__name__}")
 
 def _param(root: nn.Module, path: str, where: str,
-           d: Optional[int] = None) -> nn.Parameter:
-    "A parameter (2-D or 3-D) whose last axis reads a vector of width d."
+           d: Optional[int] = None, tr: bool = False) -> nn.Parameter:
+    "A 2-D or 3-D parameter reading width d on its last axis (tr: middle)."
     *mod, name = path.split('.')
     m = _get(root, '.'.join(mod), where) if mod else root
     p = getattr(m, name, None)
     if not isinstance(p, nn.Parameter) or p.dim() not in (2, 3) \
-            or d is not None and p.shape[-1] != d:
+            or d is not None and p.shape[-2 if tr else -1] != d:
         got = tuple(p.shape) if isinstance(p, torch.Tensor) else p
         raise TypeError(f"{where}: expected {path!r} to be a 2-D or 3-D "
                         f"parameter reading width {d}, got {got}; this "
@@ -360,7 +362,8 @@ def _resolve_layer(b: nn.Module, fam: Family, l: int, cfg) -> Layer:
     w = f"{fam.name} layer {l}"
     if fam.moe:                            # parameters, not modules
         d = cfg.hidden_size
-        first = tuple(_param(b, p, w, d) for p in fam.first)
+        first = tuple(_param(b, p, w, d, p in fam.transposed)
+                      for p in fam.first)
         last = tuple(_param(b, p, w) for p in fam.last)
         return Layer(b, first, last, _get(b, fam.stream, w),
                      (), None, _get(b, fam.moe, w), fam)
@@ -393,3 +396,37 @@ def adapter(model,  # a transformers model, with or without its head
     gen = getattr(model, 'can_generate', None)
     return Adapter(fam, type(model).__name__, base, layers, scale,
                    bool(gen()) if callable(gen) else False)
+
+# %% ../nbs/11a_families.ipynb #c01311ac
+def moe_first_delta(P: torch.Tensor,  # a first parameter (..., out, in)
+                    r,                # its RankOne factors (B, q, ·)
+                    b: int, t: int,   # the position
+                    tr: bool = False  # P stored (E, in, out)
+                    ) -> torch.Tensor:
+    "ΔP at one position: u reshaped to P's output axes, times v."
+    if tr:
+        u = r.u[b, t].reshape(P.shape[0], P.shape[2])
+        return r.v[b, t][None, :, None] * u[:, None, :]
+    return r.u[b, t].reshape(P.shape[:-1])[..., None] * r.v[b, t]
+
+def moe_last_deltas(Ps: tuple,         # the down projections (..., d, H)
+                    r,                 # RankOne: u = δ, v = ĝ / ||ĝ||²
+                    b: int, t: int,    # the position
+                    trs: tuple = ()    # per P: stored (E, H, d)
+                    ) -> list:
+    "ΔD per down projection: u = δ shared, v split over the projections."
+    out, o = [], 0
+    for P, tr in zip(Ps, trs or (False,) * len(Ps)):
+        H = P.shape[-2] if tr else P.shape[-1]
+        k = P.shape[:-2].numel() * H
+        v = r.v[b, t, o:o + k].reshape(*P.shape[:-2], H); o += k
+        out.append(v[..., None] * r.u[b, t] if tr
+                   else r.u[b, t][:, None] * v[..., None, :])
+    return out
+
+def moe_layout(lay: Layer) -> tuple:
+    "(first, last): per parameter of a MoE layer, whether it is transposed."
+    fam = lay.family
+    return tuple(tuple(p in fam.transposed for p in ps)
+                 for ps in (fam.first, fam.last))
+

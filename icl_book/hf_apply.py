@@ -10,7 +10,7 @@ from torch import nn
 from .core import rel_err, check_int, hold_sigint, release_sigint, \
     sigint_critical
 from .blocks import RankOne
-from .families import Adapter
+from .families import Adapter, moe_layout
 from .patch import patched_weights
 from .discovery import norm_rounds
 from icl_book.hf_checks import (
@@ -115,10 +115,11 @@ def _writer(st: ExitStack, ad: Adapter, written: list):
 
 def _write_moe(write, lay, p) -> None:
     "A MoE layer: router and experts' parameters, 2-D or 3-D."
-    for P, r in zip(lay.first, p.dW):
-        write(P, _moe_first(P, r, 0, 0), 'router or expert')
+    tf, tl = moe_layout(lay)
+    for P, r, tr in zip(lay.first, p.dW, tf):
+        write(P, _moe_first(P, r, 0, 0, tr), 'router or expert')
     if p.dW_out is not None:
-        for P, D in zip(lay.last, _moe_last(lay.last, p.dW_out, 0, 0)):
+        for P, D in zip(lay.last, _moe_last(lay.last, p.dW_out, 0, 0, tl)):
             write(P, D, 'down projection')
     if p.db_out is not None:
         write(None, None, 'mixture of experts (its down projections)')

@@ -12,7 +12,8 @@ from torch.func import functional_call
 from .core import rel_err, check_float
 from .blocks import RankOne
 from .deep import PATCH_MODES
-from .families import Adapter
+from .families import (Adapter, FAMILIES, moe_first_delta,
+                               moe_last_deltas, moe_layout)
 from .discovery import refuse_rounding
 from .hf_checks import (
     LayerPatch, HFPatch, check_model, check_ids, check_length, check_mask,
@@ -163,18 +164,8 @@ def with_context_pass(ad: Adapter,  # the model's adapter (`check_model`)
     return _joined(ad, keep)
 
 # %% ../nbs/11b_hf_patch.ipynb #c00917m
-def _moe_first(P: torch.Tensor, r: RankOne, b: int, t: int) -> torch.Tensor:
-    "ΔP at one position: u reshaped to P's leading axes, times v."
-    return r.u[b, t].reshape(P.shape[:-1])[..., None] * r.v[b, t]
+_moe_first, _moe_last = moe_first_delta, moe_last_deltas   # 11a's
 
-def _moe_last(Ps: tuple, r: RankOne, b: int, t: int) -> list:
-    "ΔD per down projection (..., d, H): u = δ shared, v = ĝ / ||ĝ||² split."
-    out, o = [], 0
-    for P in Ps:
-        k = P.shape[:-2].numel() * P.shape[-1]
-        v = r.v[b, t, o:o + k].reshape(*P.shape[:-2], P.shape[-1]); o += k
-        out.append(r.u[b, t][:, None] * v[..., None, :])
-    return out
 
 # %% ../nbs/11b_hf_patch.ipynb #c00918b
 SELF_CHECK_TOL = {torch.float64: 1e-9, torch.float32: 1e-3}  # per-layer self-check
@@ -192,12 +183,12 @@ def _moe_names(lay) -> tuple:
 
 def _moe_params(ad: Adapter, lay, dW, dW_out, b: int, t: int) -> dict:
     "{name: patched parameter} for position (b, t), in the model's dtype."
-    nf, nl = _moe_names(lay)
-    new = {n: (P.to(r.u.dtype) + _moe_first(P, r, b, t)).to(P.dtype)
-           for n, P, r in zip(nf, lay.first, dW)}
+    (nf, nl), (tf, tl) = _moe_names(lay), moe_layout(lay)
+    new = {n: (P.to(r.u.dtype) + _moe_first(P, r, b, t, tr)).to(P.dtype)
+           for n, P, r, tr in zip(nf, lay.first, dW, tf)}
     if dW_out is not None:
         new.update({n: (P.to(dW_out.u.dtype) + D).to(P.dtype) for n, P, D in
-                    zip(nl, lay.last, _moe_last(lay.last, dW_out, b, t))})
+                    zip(nl, lay.last, _moe_last(lay.last, dW_out, b, t, tl))})
     return new
 
 def _moe_run(ad: Adapter, lay, a: torch.Tensor, dW, dW_out=None):
@@ -227,8 +218,9 @@ def _moe_gate(ad: Adapter, lay, a, dW, delta, b: int, t: int):
         G = torch.autograd.grad(y.reshape(-1).to(delta.dtype), Ds,
                                 grad_outputs=delta[b, t])
     dd = (delta[b, t] ** 2).sum()
-    return torch.cat([(g * delta[b, t][:, None]).sum(-2).reshape(-1) / dd
-                      for g in G])
+    return torch.cat([(g * (delta[b, t] if tr else delta[b, t][:, None])
+                       ).sum(-1 if tr else -2).reshape(-1) / dd
+                      for g, tr in zip(G, moe_layout(lay)[1])])
 
 def _moe_gates(ad: Adapter, lay, a: torch.Tensor, dW, delta) -> torch.Tensor:
     """ĝ (B, T, ΣH) at every position: the gate-weighted activations that the
@@ -404,8 +396,10 @@ def _moe_first_factors(self, l, a):
     aw = a.to(wd); a2 = _sq(aw, wd); ok = a2 > _floor(a2, self.min_norm)
     self.guard(a2, ok, l, 'pm', _ZERO_MOE)
     dA, v = self.ctx[l]['a'][:, w].to(wd) - aw, _inv(aw, a2, ok)
-    rs = [RankOne(torch.einsum('...d,btd->bt...', P.to(wd), dA).flatten(2),
-                  v) for P in self.ad.layers[l].first]     # u = P ΔA
+    lay = self.ad.layers[l]
+    rs = [RankOne(torch.einsum('edo,btd->bteo' if tr else '...d,btd->bt...',
+                               P.to(wd), dA).flatten(2), v)  # u = P ΔA
+          for P, tr in zip(lay.first, moe_layout(lay)[0])]
     for j, r in enumerate(rs): self.dW[l][j].append(r)
     return rs
 
@@ -474,10 +468,13 @@ def refuse_mismatch(ad: Adapter,  # the model's adapter
         raise ValueError(
             f"self-check failed: with the patches, layer {l} of the "
             f"{ad.name} gives its with-context output only to a relative "
-            f"error of {e:.1e} (> {tol:g} for {model_dtype(ad)}). The "
-            f"{ad.family.name!r} description does not match this block (a "
-            "subclass, or another transformers release?), so the patches "
-            "are refused.")
+            f"error of {e:.1e} (> {tol:g} for {model_dtype(ad)}). " + (
+                f"The {ad.family.name!r} description does not match this "
+                "block (a subclass, or another transformers release?)"
+                if ad.family in FAMILIES else "The record read off its "
+                f"blocks ({ad.family.pattern}) misses something this block "
+                "computes between its MLP and its stream") +
+            ", so the patches are refused.")
 
 def model_dtype(
         ad: Adapter,  # the model's adapter (`check_model`)

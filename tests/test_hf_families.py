@@ -4,6 +4,7 @@
 an accelerate disk offload, the self-check, and the silent wrong answers that
 are now errors. A CUDA test skips without a GPU."""
 import copy
+import re
 import tempfile
 
 import pytest
@@ -389,3 +390,40 @@ def test_discovered_encoder_pooling_head_is_refused():
     with pytest.raises(ValueError, match="reads position 0"):
         with patched(m, p):
             m(x)
+
+
+@pytest.mark.parametrize("mt", ["gpt_oss", "llama4_text"])
+def test_experts_stored_in_by_out_are_exact(mt):
+    """gpt-oss (experts with biases) and Llama 4 (shared and routed experts,
+    the routed ones reading the score-scaled input) store their experts as
+    (E, in, out): refused by the self-check before (0.17, 0.027)."""
+    from icl_book.experiments.discovery import zoo_model
+    m = zoo_model(mt)
+    ad = check_model(m)
+    assert ad.family.transposed and ad.family.pattern == "moe"
+    C, x = ids(1, 5, 0, low=2), ids(1, 1, 1, low=2)
+    full = out(m, torch.cat([C, x], 1))[:, 5:]
+    p = context_patches(m, C, x)
+    assert max(p.errors) <= 1e-12
+    before = snapshot(m)
+    for inplace in (False, True):
+        with patched(m, p, inplace=inplace):
+            assert rel_err(out(m, x), full) <= 1e-10
+    assert all(torch.equal(v, before[k]) for k, v in m.state_dict().items())
+
+
+def test_readme_table_lists_every_described_family_under_its_pattern(root):
+    "The README's table of described families is checked against FAMILIES."
+    heads = {"pre-norm": "pre-norm", "post-LN": "post-LN",
+             "parallel": "parallel", "norm after the MLP": "post-norm",
+             "mixture of experts": "moe"}
+    text = (root / "README.md").read_text()
+    table = text.split("| structural pattern | families |")[1].split("\n\n")[0]
+    rows = {}
+    for line in table.splitlines()[2:]:
+        head, fams = line.strip("| ").split(" | ")[:2]
+        key = next(v for k, v in heads.items() if head.startswith(k))
+        rows.setdefault(key, set()).update(re.findall(r"`([\w-]+)`", fams))
+    for f in FAMILIES:
+        assert (f.model_type or f.name) in rows.get(f.pattern, ()), (
+            f.name, f.pattern, rows)
