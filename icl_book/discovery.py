@@ -127,6 +127,7 @@ def _affine(mod: nn.Module, name: str, x) -> str:
              for k in (0, 1, 2)]
     return 'last' if _same(f[2] - f[1], f[1] - f[0]) else 'first'
 
+# %% ../nbs/11ab_discovery.ipynb #discov009a2
 def _moe(R, b, cfg, out, d) -> Optional[dict]:
     "A mixture of experts: out = h + M(a), M holding 3-D expert weights."
     for M, mod in b.named_modules():
@@ -178,6 +179,7 @@ def _sequential(R, b, cfg, out, lins) -> Optional[dict]:
                                 stream=S, post=P, post_offset=off)
     return None
 
+# %% ../nbs/11ab_discovery.ipynb #discov009b2
 def _parent(p: str) -> str:
     return p.rsplit('.', 1)[0] if '.' in p else ''
 
@@ -279,6 +281,7 @@ def moe_rounds(moe: nn.Module,    # a mixture-of-experts module
     _ROUNDS[moe] = (dtype, mode.hit)
     return mode.hit
 
+# %% ../nbs/11ab_discovery.ipynb #discov009cd
 def refuse_rounding(ad  # the model's adapter
                     ) -> None:
     "Refuse a float64 model whose MoE router computes in float32."
@@ -404,6 +407,7 @@ def _blocks_of(model) -> tuple:
         "weights (shared across depths, as ALBERT does), so a patch of its "
         "weights for one depth would change every depth")
 
+# %% ../nbs/11ab_discovery.ipynb #discov011bd
 def _shared(base: nn.Module, L: int, ids) -> Optional[str]:
     "The outermost module with linear maps that runs L times in one pass."
     n, hs = Counter(), []
@@ -456,6 +460,7 @@ def _mixed(fams: list) -> Family:
         post_offset=post.post_offset,
         moe=next((f.moe for f in fams if f.moe), None))
 
+# %% ../nbs/11ab_discovery.ipynb #discov011be
 def discover(model  # a transformers model (with or without its head)
              ) -> Family:
     "A Family record read off the model's blocks; TypeError with the reason."

@@ -300,9 +300,9 @@ _ZERO_POST = ("the norm after the MLP outputs an exact zero, so no change of "
 _ZERO_MOE = ("the context-free MoE input is (nearly) zero at some query "
              "position, so no rank-1 update of the router and experts can "
              "map it to the with-context one")
-_NAN = ("the query-alone run is not finite at a real query position, "
-        "before any patch; the known cause: with eager attention a padded "
-        "query slot whose keys are all masked (a query padded on the left) "
+_NAN = ("the query-alone run is not finite at a real query position "
+        "(padded slots get no patch); the known cause: with eager "
+        "attention a padded query slot whose keys are all masked (a query padded on the left) "
         "softmaxes to NaN, which the later layers spread; load the model "
         "with attn_implementation='sdpa', or pad the query on the right")
 _ZERO_GATE = ("the experts' down projections read a zero vector at some "
@@ -337,15 +337,6 @@ class _ClosedLoop:
     def stream(self, l, h): self.free[l]['h'].append(h)   # whole, or chunks
 
     def block(self, l, o): self.outs[l].append(o.clone())
-
-    def guard(self, x2, ok, l: int, key: str, why: str) -> None:
-        "Refuse unless ok (and finite) at the real query slots of the window."
-        w = self.win.take(l, key, ok.shape[1])
-        real = (torch.ones_like(ok) if self.qmask is None
-                else self.qmask[:, w, None].bool().expand_as(ok))
-        _refuse_unless(torch.isfinite(x2)[real], l, _NAN)
-        _refuse_unless(ok | ~real, l, why)
-
     def first(self, l, j, a, y):                   # a, y: context-free
         w, wd = self.win.take(l, f'f{j}', a.shape[1]), _wide(a.dtype)
         a2 = _sq(a, wd); ok = a2 > _floor(a2, self.min_norm)
@@ -354,6 +345,18 @@ class _ClosedLoop:
                     _inv(a.to(wd), a2, ok))
         self.dW[l][j].append(r)
         return (y.to(wd) + r @ a.to(wd)).to(y.dtype)  # (W + u vᵀ) a
+
+# %% ../nbs/11b_hf_patch.ipynb #c01015g
+def _guard(self, x2, ok, l: int, key: str, why: str) -> None:
+    "Refuse unless ok (and finite) at the real query slots of the window."
+    w = self.win.take(l, key, ok.shape[1])
+    real = (torch.ones_like(ok) if self.qmask is None
+            else self.qmask[:, w, None].bool().expand_as(ok))
+    _refuse_unless(torch.isfinite(x2)[real], l, _NAN)
+    _refuse_unless(ok | ~real, l, why)
+
+_ClosedLoop.guard = _guard
+
 
 # %% ../nbs/11b_hf_patch.ipynb #c01016b
 def _residual(self, l, T):
@@ -386,8 +389,8 @@ def _post(self, l, x, y):
     rho = _inv(delta, yw, yw != 0)
     self.rest[l].append(rho); return (yw + yw * rho).to(y.dtype)
 
-_ClosedLoop.residual, _ClosedLoop.last, _ClosedLoop.post = (
-    _residual, _last, _post)
+_ClosedLoop.residual = _residual
+_ClosedLoop.last, _ClosedLoop.post = _last, _post
 
 # %% ../nbs/11b_hf_patch.ipynb #c01018b
 def _moe_first_factors(self, l, a):
