@@ -350,8 +350,8 @@ def _why_none(R: dict, b: nn.Module) -> str:
           if p in R and p and not _is_linear(m) and _n_linear(m)}
     mix = [p for p, m in b.named_children() if pw.get(p) is False]
     odd = [p for p, m in b.named_children() if p in pw and pw[p] is None]
-    mlp = [p for p, v in pw.items() if v and _n_linear(b.get_submodule(p))
-           >= 2 and not any(_under(p, x) for x in mix)]
+    mlp = [p for p, v in pw.items() if v and not any(_under(p, x) for x in
+           mix) and (_n_linear(m := b.get_submodule(p)) >= 2 or _params_3d(m))]
     if not mlp and (mix or not odd):
         return (f"has a mixer ({', '.join(mix) or 'no sublayer'}) followed "
                 "by no MLP: no sublayer that acts on each position alone, "
