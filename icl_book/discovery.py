@@ -10,11 +10,10 @@ from typing import Optional
 import torch
 from torch import nn
 from torch.func import functional_call
-from torch.overrides import TorchFunctionMode
 from .families import Family, adapter
 
 # %% auto #0
-__all__ = ['input_embeddings', 'norm_rounds', 'moe_rounds', 'refuse_rounding', 'discover', 'find_adapter']
+__all__ = ['input_embeddings', 'norm_rounds', 'discover', 'find_adapter']
 
 # %% ../nbs/11ab_discovery.ipynb #discov005
 def _blocks(base: nn.Module, L: int) -> tuple:
@@ -128,28 +127,54 @@ def _affine(mod: nn.Module, name: str, x) -> str:
     return 'last' if _same(f[2] - f[1], f[1] - f[0]) else 'first'
 
 # %% ../nbs/11ab_discovery.ipynb #discov009a2
+def _moe_params(R, b, M: str, mod, d: int) -> tuple:
+    "(first, last, transposed) parameter paths of the MoE module M."
+    ps = [(f'{M}.{n}', p) for n, p in mod.named_parameters()
+          if p.dim() in (2, 3)]
+    side = {n: _side(R, b, n, p, R[M][0], d) for n, p in ps}
+    for n, p in ps:                     # affine in it: the last
+        if side[n] == 'probe': side[n] = _affine(mod, n[len(M) + 1:], R[M][0])
+    tr = tuple(n for n, p in ps if p.dim() == 3 and (
+        side[n] == 'first' and p.shape[-1] != d or
+        side[n] == 'last' and p.shape[-2] != d))   # stored (E, in, out)
+    return (tuple(n for n, _ in ps if side[n] == 'first'),
+            tuple(n for n, _ in ps if side[n] == 'last'), tr)
+
+def _moe_join(R, b, cfg, out, M: str) -> Optional[dict]:
+    "How M's output y joins: h + y, h + P(y) (a norm after it), x + A + y."
+    y = R[M][1]
+    for S in R:
+        if S and _scale(cfg, out, R[S][0], y) == '': return dict(stream=S)
+    for P in R:                         # a norm after the MoE
+        if P and _same(R[P][0], y) and not _under(P, M):
+            S = next((S for S in R if S and _scale(
+                cfg, out, R[S][0], R[P][1]) == ''), None)
+            off = _offset(b.get_submodule(P), R[P][0])
+            if S and off is not None:
+                return dict(stream=S, post=P, post_offset=off)
+    x = R[''][0]                        # parallel: x + A + y
+    for A in sorted(R, key=lambda p: p.count('.')):   # the outermost
+        if A and not _under(A, M) and not _under(M, A) and R[A][1].numel() \
+                == out.numel() and _scale(cfg, out, x + R[A][1].reshape(
+                    x.shape), y) == '':
+            return dict(branch=(A,))
+    return None
+
+
+# %% ../nbs/11ab_discovery.ipynb #discov009a3
 def _moe(R, b, cfg, out, d) -> Optional[dict]:
-    "A mixture of experts: out = h + M(a), M holding 3-D expert weights."
+    "A mixture of experts M (3-D expert weights) that the block adds."
     for M, mod in b.named_modules():
         if not M or M not in R or not _params_3d(mod) \
-                or _positionwise(mod, R[M][0]) is False: continue
-        for S in R:
-            if not S or _scale(cfg, out, R[S][0], R[M][1]) != '': continue
-            ps = [(f'{M}.{n}', p) for n, p in mod.named_parameters()
-                  if p.dim() in (2, 3)]
-            side = {n: _side(R, b, n, p, R[M][0], d) for n, p in ps}
-            for n, p in ps:             # affine in it: the last
-                if side[n] == 'probe':
-                    side[n] = _affine(mod, n[len(M) + 1:], R[M][0])
-            first = tuple(n for n, _ in ps if side[n] == 'first')
-            last = tuple(n for n, _ in ps if side[n] == 'last')
-            tr = tuple(n for n, p in ps if p.dim() == 3 and (
-                side[n] == 'first' and p.shape[-1] != d or
-                side[n] == 'last' and p.shape[-2] != d))   # (E, in, out)
-            if first and last:
-                return dict(pattern='moe', first=first, last=last, stream=S,
-                            moe=M, transposed=tr)
+                or not _positionwise(mod, R[M][0]): continue
+        join = _moe_join(R, b, cfg, out, M)
+        if join is None: continue
+        first, last, tr = _moe_params(R, b, M, mod, d)
+        if first and last:
+            return dict(pattern='moe', first=first, last=last, moe=M,
+                        transposed=tr, **join)
     return None
+
 
 # %% ../nbs/11ab_discovery.ipynb #discov009b
 def _sequential(R, b, cfg, out, lins) -> Optional[dict]:
@@ -251,54 +276,6 @@ def norm_rounds(norm: nn.Module,      # a norm with a `weight`
     with torch.no_grad():        # a change float32 cannot hold: seen?
         return bool(torch.equal(norm(x), functional_call(
             norm, {'weight': w2}, (x,))))
-
-# %% ../nbs/11ab_discovery.ipynb #discov009cc
-_ROUNDS = weakref.WeakKeyDictionary()   # MoE module -> (dtype, name)
-
-class _Casts(TorchFunctionMode):
-    "Sees whether any op turns the parameters `ps` into float32 tensors."
-    def __init__(self, ps: dict):
-        super().__init__(); self.ps, self.hit = ps, None
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        if isinstance(out, torch.Tensor) and out.dtype == torch.float32:
-            self.hit = self.hit or next((n for n, p in self.ps.items()
-                                         if any(a is p for a in args)), None)
-        return out
-
-def moe_rounds(moe: nn.Module,    # a mixture-of-experts module
-               names: tuple,      # its first parameters' names
-               dtype: torch.dtype  # the model's dtype
-               ) -> Optional[str]:
-    "The first parameter a float64 MoE casts to float32 (its router), or None."
-    if dtype != torch.float64: return None
-    if (hit := _ROUNDS.get(moe)) and hit[0] == dtype: return hit[1]
-    ps = {n: p for n, p in moe.named_parameters() if n in names}
-    g = torch.Generator(device='cpu').manual_seed(0)
-    x = torch.randn(1, 3, ps[names[0]].shape[-1], generator=g, dtype=dtype)
-    with torch.no_grad(), _Casts(ps) as mode:
-        moe(x.to(ps[names[0]].device))
-    _ROUNDS[moe] = (dtype, mode.hit)
-    return mode.hit
-
-# %% ../nbs/11ab_discovery.ipynb #discov009cd
-def refuse_rounding(ad  # the model's adapter
-                    ) -> None:
-    "Refuse a float64 model whose MoE router computes in float32."
-    dt = next(p.dtype for p in ad.base.parameters() if p.is_floating_point())
-    for l, lay in enumerate(ad.layers):
-        if lay.moe is None: continue
-        cut = len(lay.family.moe) + 1
-        if n := moe_rounds(lay.moe, tuple(p[cut:] for p in lay.family.first),
-                           dt):
-            raise ValueError(
-                f"layer {l} of the {ad.name}: its mixture of experts "
-                f"applies {n} in float32 even in this float64 model, so a "
-                "patched router is rounded to float32 and the routing "
-                "weights are off by float32 round-off (about 1e-7), which "
-                "no float64 self-check should pass as exact: use the "
-                "model in float32, where that is its own round-off")
-
 
 # %% ../nbs/11ab_discovery.ipynb #discov009d
 def _post_ln(R, b, cfg, out, lins) -> Optional[dict]:

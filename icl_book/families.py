@@ -5,13 +5,15 @@
 # %% ../nbs/11a_families.ipynb #c00211a
 from __future__ import annotations
 from typing import NamedTuple, Optional
-import torch
+import torch, weakref
 from torch import nn
+from torch.overrides import TorchFunctionMode
 from .core import resolve_dtype
 
 # %% auto #0
 __all__ = ['PATTERNS', 'FAMILIES', 'SUPPORTED', 'TINY_ARCHS', 'Family', 'tiny_model', 'Layer', 'Adapter', 'linear_weight',
-           'supported', 'find_family', 'adapter', 'moe_first_delta', 'moe_last_deltas', 'moe_layout']
+           'supported', 'find_family', 'adapter', 'moe_first_delta', 'moe_last_deltas', 'moe_layout', 'moe_rounds',
+           'refuse_rounding']
 
 # %% ../nbs/11a_families.ipynb #c00511a
 class Family(NamedTuple):
@@ -365,8 +367,11 @@ def _resolve_layer(b: nn.Module, fam: Family, l: int, cfg) -> Layer:
         first = tuple(_param(b, p, w, d, p in fam.transposed)
                       for p in fam.first)
         last = tuple(_param(b, p, w) for p in fam.last)
-        return Layer(b, first, last, _get(b, fam.stream, w),
-                     (), None, _get(b, fam.moe, w), fam)
+        return Layer(b, first, last,
+                     _get(b, fam.stream, w) if fam.stream else None,
+                     tuple(_get(b, p, w) for p in fam.branch),
+                     _get(b, fam.post, w) if fam.post else None,
+                     _get(b, fam.moe, w), fam)
     first = tuple(_linear(_get(b, p, w), f"{w} {p}") for p in fam.first)
     return Layer(
         b, first, _linear(_get(b, fam.last, w), f"{w} {fam.last}"),
@@ -374,6 +379,7 @@ def _resolve_layer(b: nn.Module, fam: Family, l: int, cfg) -> Layer:
         tuple(_get(b, p, w) for p in fam.branch),
         _get(b, fam.post, w) if fam.post else None, None, fam)
 
+# %% ../nbs/11a_families.ipynb #c01311ab2
 def adapter(model,  # a transformers model, with or without its head
             family: Optional[Family] = None  # None: by model_type
             ) -> Adapter:
@@ -429,4 +435,52 @@ def moe_layout(lay: Layer) -> tuple:
     fam = lay.family
     return tuple(tuple(p in fam.transposed for p in ps)
                  for ps in (fam.first, fam.last))
+
+
+# %% ../nbs/11a_families.ipynb #c01311ad
+_ROUNDS = weakref.WeakKeyDictionary()   # MoE module -> (dtype, name)
+
+class _Casts(TorchFunctionMode):
+    "Sees whether any op turns the parameters `ps` into float32 tensors."
+    def __init__(self, ps: dict):
+        super().__init__(); self.ps, self.hit = ps, None
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if isinstance(out, torch.Tensor) and out.dtype == torch.float32:
+            self.hit = self.hit or next((n for n, p in self.ps.items()
+                                         if any(a is p for a in args)), None)
+        return out
+
+def moe_rounds(moe: nn.Module,    # a mixture-of-experts module
+               names: tuple,      # its first parameters' names
+               dtype: torch.dtype  # the model's dtype
+               ) -> Optional[str]:
+    "The first parameter a float64 MoE casts to float32 (its router), or None."
+    if dtype != torch.float64: return None
+    if (hit := _ROUNDS.get(moe)) and hit[0] == dtype: return hit[1]
+    ps = {n: p for n, p in moe.named_parameters() if n in names}
+    g = torch.Generator(device='cpu').manual_seed(0)
+    x = torch.randn(1, 3, ps[names[0]].shape[-1], generator=g, dtype=dtype)
+    with torch.no_grad(), _Casts(ps) as mode:
+        moe(x.to(ps[names[0]].device))
+    _ROUNDS[moe] = (dtype, mode.hit)
+    return mode.hit
+
+# %% ../nbs/11a_families.ipynb #c01311ae
+def refuse_rounding(ad  # the model's adapter
+                    ) -> None:
+    "Refuse a float64 model whose MoE router computes in float32."
+    dt = next(p.dtype for p in ad.base.parameters() if p.is_floating_point())
+    for l, lay in enumerate(ad.layers):
+        if lay.moe is None: continue
+        cut = len(lay.family.moe) + 1
+        if n := moe_rounds(lay.moe, tuple(p[cut:] for p in lay.family.first),
+                           dt):
+            raise ValueError(
+                f"layer {l} of the {ad.name}: its mixture of experts "
+                f"applies {n} in float32 even in this float64 model, so a "
+                "patched router is rounded to float32 and the routing "
+                "weights are off by float32 round-off (about 1e-7), which "
+                "no float64 self-check should pass as exact: use the "
+                "model in float32, where that is its own round-off")
 

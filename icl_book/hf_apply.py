@@ -55,7 +55,7 @@ def _apply_moe(self, l, a, y):
     sl = lambda r: RankOne(r.u[:, w], r.v[:, w])
     out = _moe_run(self.ad, self.ad.layers[l], a, [sl(r) for r in p.dW],
                    None if p.dW_out is None else sl(p.dW_out))
-    if p.db_out is None: return out
+    if p.db_out is None or self.ad.layers[l].post is not None: return out
     return (out.to(p.db_out.dtype) + p.db_out[:, w]).to(y.dtype)
 
 def _apply_post(self, l, x, y):
@@ -121,7 +121,7 @@ def _write_moe(write, lay, p) -> None:
     if p.dW_out is not None:
         for P, D in zip(lay.last, _moe_last(lay.last, p.dW_out, 0, 0, tl)):
             write(P, D, 'down projection')
-    if p.db_out is not None:
+    if p.db_out is not None and lay.post is None:
         write(None, None, 'mixture of experts (its down projections)')
 
 # %% ../nbs/11ba_hf_apply.ipynb #ba_w025c
@@ -134,7 +134,11 @@ def _write_dense(write, ad: Adapter, lay, p) -> None:
         r = flat(r)
         if not isinstance(m, nn.Linear): r = RankOne(r.v, r.u)  # Conv1D
         write(m.weight, r.dense(), 'linear map')
-    if p.db_out is not None:
+    _write_rest(write, ad, lay, p)
+
+def _write_rest(write, ad: Adapter, lay, p) -> None:
+    "The steering vector or the post-norm's scale (dense or MoE layer)."
+    if p.db_out is not None and (lay.moe is None or lay.post is not None):
         m = lay.post if lay.post is not None else lay.last
         write(getattr(m, 'bias', None), p.db_out.reshape(-1),
               'norm after the MLP' if lay.post is not None
@@ -164,7 +168,8 @@ def write_weights(st: ExitStack,       # restores the weights when closed
             f"{patches.shape}. Use the default inplace=False.")
     write = _writer(st, ad, written)
     for lay, p in zip(ad.layers, patches.layers):
-        if lay.moe is not None: _write_moe(write, lay, p)
+        if lay.moe is not None:
+            _write_moe(write, lay, p); _write_rest(write, ad, lay, p)
         else: _write_dense(write, ad, lay, p)
 
 # %% ../nbs/11ba_hf_apply.ipynb #c01214b

@@ -13,8 +13,7 @@ from .core import rel_err, check_float
 from .blocks import RankOne
 from .deep import PATCH_MODES
 from .families import (Adapter, FAMILIES, moe_first_delta,
-                               moe_last_deltas, moe_layout)
-from .discovery import refuse_rounding
+                               moe_last_deltas, moe_layout, refuse_rounding)
 from .hf_checks import (
     LayerPatch, HFPatch, check_model, check_ids, check_length, check_mask,
     check_types, check_finite_run, model_state)
@@ -80,11 +79,10 @@ def _write_hooks(st: ExitStack, lay, l: int, rows, fn: dict,
     "Layer l's hooks that may replace outputs: the MoE module, or the maps."
     if lay.moe is not None:            # first, last: its parameters
         if 'moe' in fn: _put(st, lay.moe, _moe_hook(fn['moe'], rows, l, busy))
-        return
-    if 'first' in fn:
-        for j, mod in enumerate(lay.first):
+    else:
+        for j, mod in enumerate(lay.first if 'first' in fn else ()):
             _put(st, mod, _replacing(fn['first'], rows, l, j))
-    if 'last' in fn: _put(st, lay.last, _replacing(fn['last'], rows, l))
+        if 'last' in fn: _put(st, lay.last, _replacing(fn['last'], rows, l))
     if 'post' in fn and lay.post is not None:
         _put(st, lay.post, _replacing(fn['post'], rows, l))
 
@@ -411,6 +409,8 @@ def _moe(self, l, a, y):                          # a: context-free LN2 h̃
     lay, wd = self.ad.layers[l], _wide(a.dtype)
     rs = self.moe_first_factors(l, a)
     delta = self.residual(l, a.shape[1])
+    if lay.post is not None:              # δ goes after the norm (_post)
+        self.free[l]['delta'] = delta; return _moe_run(self.ad, lay, a, rs)
     if self.mode == 'bias':
         self.rest[l].append(delta)
         return (_moe_run(self.ad, lay, a, rs).to(wd) + delta).to(y.dtype)

@@ -427,3 +427,22 @@ def test_readme_table_lists_every_described_family_under_its_pattern(root):
     for f in FAMILIES:
         assert (f.model_type or f.name) in rows.get(f.pattern, ()), (
             f.name, f.pattern, rows)
+
+
+@pytest.mark.parametrize("mt,join", [("cohere2_moe", "branch"),
+                                     ("flex_olmo", "post")])
+def test_moe_in_parallel_or_before_a_norm_is_exact(mt, join):
+    """Cohere 2 MoE adds its experts beside the attention (x + A + M), FLEX
+    OLMo normalises their output before the add: refused before ('an MLP
+    whose output reaches the block's output in none of the ways')."""
+    from icl_book.experiments.discovery import zoo_model
+    m = zoo_model(mt)
+    assert getattr(check_model(m).family, join)
+    C, x = ids(1, 5, 0, low=2), ids(1, 1, 1, low=2)
+    full = out(m, torch.cat([C, x], 1))[:, 5:]
+    for mode in ("rank1", "bias"):
+        e = patch_errors(m, C, x, mode)
+        assert max(e["per_layer"]) <= 1e-12 and e["output"] <= 1e-10
+    p = context_patches(m, C, x)
+    with patched(m, p, inplace=True):
+        assert rel_err(out(m, x), full) <= 1e-10
