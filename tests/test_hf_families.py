@@ -162,7 +162,7 @@ def test_patch_knows_its_query_positions_and_model():
             out(m, x.flip(1))                             # same shape
         with pytest.raises(ValueError, match="position_ids differs"):
             out(m, x, position_ids=torch.arange(3).expand(2, 3))
-        with pytest.raises(ValueError, match="call the model on input_ids"):
+        with pytest.raises(ValueError, match="on input_ids, other arguments by keyword"):
             m(inputs_embeds=m.get_input_embeddings()(x))
     twin = tiny_model("llama", "float64", seed=7, layers=2, d=16)
     with pytest.raises(ValueError, match="another model object"):
