@@ -86,8 +86,9 @@ def _firsts(R: dict, lins: list, a, skip=(), but=()) -> tuple:
     return tuple(p for p in lins if p not in but and _same(R[p][0], a)
                  and not any(_under(p, s) for s in skip))
 
-def _scale(cfg, out, h, y) -> Optional[str]:
-    "'' if out = h + y; the config field s if out = h + s y; None if neither."
+def _scale(cfg, out, h, y):
+    """'' if out = h + y; the config field s if out = h + s y (else s itself,
+    a constant the block computes, MiniCPM3's residual_scale); or None."""
     if not (out.numel() == h.numel() == y.numel()): return None
     h, y = h.reshape(out.shape), y.reshape(out.shape)
     if not y.double().norm() > 1e-6 * out.double().norm(): return None
@@ -98,7 +99,7 @@ def _scale(cfg, out, h, y) -> Optional[str]:
         if isinstance(v, float) and abs(v - s) <= 1e-6 * abs(s) \
                 and _same(out, h + v * y):
             return k
-    return None
+    return s if s != 0 and _same(out, h + s * y) else None
 
 # %% ../nbs/11ab_discovery.ipynb #discov009
 def _params_3d(m: nn.Module) -> bool:

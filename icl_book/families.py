@@ -29,7 +29,8 @@ class Family(NamedTuple):
     branch: tuple = ()        # parallel: block paths of the other branches
     post: Optional[str] = None     # norm between the MLP and the residual add
     post_offset: float = 0.   # that norm's scale is offset + weight
-    scale: Optional[str] = None    # config field multiplying the MLP output
+    scale: object = None      # config field (str) multiplying the MLP
+                              # output, or that number itself
     when: tuple = ()          # ((config field, value), ...) it requires
     max_pos: Optional[str] = None  # config field of learned positions
     model_type: Optional[str] = None   # config.model_type, if not name
@@ -398,7 +399,8 @@ def adapter(model,  # a transformers model, with or without its head
                         f"{len(blocks)} blocks")
     layers = [_resolve_layer(b, fam.blocks[l] if fam.blocks else fam, l,
                              cfg) for l, b in enumerate(blocks)]
-    scale = float(getattr(cfg, fam.scale)) if fam.scale else 1.
+    scale = (float(getattr(cfg, fam.scale)) if isinstance(fam.scale, str)
+             else float(fam.scale or 1.))
     gen = getattr(model, 'can_generate', None)
     return Adapter(fam, type(model).__name__, base, layers, scale,
                    bool(gen()) if callable(gen) else False)

@@ -446,3 +446,17 @@ def test_moe_in_parallel_or_before_a_norm_is_exact(mt, join):
     p = context_patches(m, C, x)
     with patched(m, p, inplace=True):
         assert rel_err(out(m, x), full) <= 1e-10
+
+
+@pytest.mark.parametrize("mt,kind", [("minicpm3", "causal"),
+                                     ("esmc", "masked")])
+def test_a_residual_scale_the_block_computes_is_read_off(mt, kind):
+    """MiniCPM3 scales its MLP output by scale_depth / sqrt(layers), ESM C
+    divides it by a scaling factor: constants of no config field (refused
+    before: 'an MLP added in none of the ways')."""
+    from icl_book.experiments.discovery import zoo_model
+    m = zoo_model(mt, kind)
+    ad = check_model(m)
+    assert isinstance(ad.family.scale, float) and ad.scale != 1
+    e = patch_errors(m, ids(1, 5, 0, low=2), ids(1, 2, 1, low=2))
+    assert max(e["per_layer"]) <= 1e-12 and e["output"] <= 1e-10
