@@ -13,7 +13,7 @@ from torch.func import functional_call
 from .families import Family, adapter
 
 # %% auto #0
-__all__ = ['ZOO_TINY', 'input_embeddings', 'norm_rounds', 'discover', 'find_adapter', 'zoo_types', 'zoo_model', 'zoo_table']
+__all__ = ['input_embeddings', 'norm_rounds', 'discover', 'find_adapter']
 
 # %% ../nbs/11ab_discovery.ipynb #discov005
 def _blocks(base: nn.Module, L: int) -> tuple:
@@ -86,10 +86,12 @@ def _firsts(R: dict, lins: list, a, skip=(), but=()) -> tuple:
     return tuple(p for p in lins if p not in but and _same(R[p][0], a)
                  and not any(_under(p, s) for s in skip))
 
-def _scale(cfg, out, h, y) -> Optional[str]:
-    "'' if out = h + y; the config field s if out = h + s y; None if neither."
+def _scale(cfg, out, h, y):
+    """'' if out = h + y; the config field s if out = h + s y (else s itself,
+    a constant the block computes, MiniCPM3's residual_scale); or None."""
     if not (out.numel() == h.numel() == y.numel()): return None
     h, y = h.reshape(out.shape), y.reshape(out.shape)
+    if not y.double().norm() > 1e-6 * out.double().norm(): return None
     if _same(out, h + y): return ''
     d, y2 = (out - h).double(), y.double()
     s = float((d * y2).sum() / (y2 * y2).sum().clamp_min(1e-300))
@@ -97,27 +99,83 @@ def _scale(cfg, out, h, y) -> Optional[str]:
         if isinstance(v, float) and abs(v - s) <= 1e-6 * abs(s) \
                 and _same(out, h + v * y):
             return k
-    return None
+    return s if s != 0 and _same(out, h + s * y) else None
 
 # %% ../nbs/11ab_discovery.ipynb #discov009
 def _params_3d(m: nn.Module) -> bool:
     return any(p.dim() == 3 for p in m.parameters())
 
-def _moe(R, b, cfg, out, d) -> Optional[dict]:
-    "A mixture of experts: out = h + M(a), M holding 3-D expert weights."
-    for M, mod in b.named_modules():
-        if not M or M not in R or not _params_3d(mod): continue
-        for S in R:
-            if not S or _scale(cfg, out, R[S][0], R[M][1]) != '': continue
-            ps = [(f'{M}.{n}', p) for n, p in mod.named_parameters()
-                  if p.dim() in (2, 3)]
-            first = tuple(n for n, p in ps if p.shape[-1] == d)
-            last = tuple(n for n, p in ps if p.shape[-2] == d
-                         and p.shape[-1] != d)
-            if first and last:
-                return dict(pattern='moe', first=first, last=last, stream=S,
-                            moe=M)
+def _side(R, b, name: str, p, a, d: int) -> Optional[str]:
+    """'first' (reads the MoE input a), 'last' (writes width d), 'probe'
+    or None: a linear map's by its recorded input, a router's by its shape;
+    an expert tensor (either layout) or a square router is probed."""
+    o = _parent(name)
+    if o in R and _is_linear(b.get_submodule(o)):
+        if _same(R[o][0], a): return 'first'
+        return 'last' if p.shape[-2 if p.dim() == 3 else 0] == d else None
+    if name.endswith('bias') or d not in p.shape[-2:]: return None
+    if p.dim() == 3 or p.shape == (d, d): return 'probe'
+    return 'first' if p.shape[-1] == d else 'last'
+
+def _affine(mod: nn.Module, name: str, x) -> str:
+    "'last' if mod's output is affine in its parameter `name`, else 'first'."
+    P = mod.get_parameter(name).detach()
+    D = torch.randn(P.shape, generator=torch.Generator().manual_seed(0),
+                    dtype=P.dtype).to(P.device) * P.abs().mean()
+    with torch.no_grad():
+        f = [_first_out(functional_call(mod, {name: P + k * D}, (x,)))
+             for k in (0, 1, 2)]
+    return 'last' if _same(f[2] - f[1], f[1] - f[0]) else 'first'
+
+# %% ../nbs/11ab_discovery.ipynb #discov009a2
+def _moe_params(R, b, M: str, mod, d: int) -> tuple:
+    "(first, last, transposed) parameter paths of the MoE module M."
+    ps = [(f'{M}.{n}', p) for n, p in mod.named_parameters()
+          if p.dim() in (2, 3)]
+    side = {n: _side(R, b, n, p, R[M][0], d) for n, p in ps}
+    for n, p in ps:                     # affine in it: the last
+        if side[n] == 'probe': side[n] = _affine(mod, n[len(M) + 1:], R[M][0])
+    tr = tuple(n for n, p in ps if p.dim() == 3 and (
+        side[n] == 'first' and p.shape[-1] != d or
+        side[n] == 'last' and p.shape[-2] != d))   # stored (E, in, out)
+    return (tuple(n for n, _ in ps if side[n] == 'first'),
+            tuple(n for n, _ in ps if side[n] == 'last'), tr)
+
+def _moe_join(R, b, cfg, out, M: str) -> Optional[dict]:
+    "How M's output y joins: h + y, h + P(y) (a norm after it), x + A + y."
+    y = R[M][1]
+    for S in R:
+        if S and _scale(cfg, out, R[S][0], y) == '': return dict(stream=S)
+    for P in R:                         # a norm after the MoE
+        if P and _same(R[P][0], y) and not _under(P, M):
+            S = next((S for S in R if S and _scale(
+                cfg, out, R[S][0], R[P][1]) == ''), None)
+            off = _offset(b.get_submodule(P), R[P][0])
+            if S and off is not None:
+                return dict(stream=S, post=P, post_offset=off)
+    x = R[''][0]                        # parallel: x + A + y
+    for A in sorted(R, key=lambda p: p.count('.')):   # the outermost
+        if A and not _under(A, M) and not _under(M, A) and R[A][1].numel() \
+                == out.numel() and _scale(cfg, out, x + R[A][1].reshape(
+                    x.shape), y) == '':
+            return dict(branch=(A,))
     return None
+
+
+# %% ../nbs/11ab_discovery.ipynb #discov009a3
+def _moe(R, b, cfg, out, d) -> Optional[dict]:
+    "A mixture of experts M (3-D expert weights) that the block adds."
+    for M, mod in b.named_modules():
+        if not M or M not in R or not _params_3d(mod) \
+                or not _positionwise(mod, R[M][0]): continue
+        join = _moe_join(R, b, cfg, out, M)
+        if join is None: continue
+        first, last, tr = _moe_params(R, b, M, mod, d)
+        if first and last:
+            return dict(pattern='moe', first=first, last=last, moe=M,
+                        transposed=tr, **join)
+    return None
+
 
 # %% ../nbs/11ab_discovery.ipynb #discov009b
 def _sequential(R, b, cfg, out, lins) -> Optional[dict]:
@@ -130,7 +188,7 @@ def _sequential(R, b, cfg, out, lins) -> Optional[dict]:
             if sc is None: continue
             first = (_firsts(R, lins, R[S][1], but=(L,))
                      or _firsts(R, lins, R[S][0], but=(L,)))
-            if first:
+            if first and _mlp_ok(R, b, first + (L,)):
                 return dict(pattern='pre-norm', first=first, last=L,
                             stream=S, scale=sc or None)
         for P in R:                              # a norm after the MLP
@@ -141,13 +199,27 @@ def _sequential(R, b, cfg, out, lins) -> Optional[dict]:
                 first = (_firsts(R, lins, R[S][1], but=(L,))
                          or _firsts(R, lins, R[S][0], but=(L,)))
                 off = _offset(b.get_submodule(P), R[P][0])
-                if first and off is not None:
+                if first and off is not None \
+                        and _mlp_ok(R, b, first + (L,)):
                     return dict(pattern='post-norm', first=first, last=L,
                                 stream=S, post=P, post_offset=off)
     return None
 
+# %% ../nbs/11ab_discovery.ipynb #discov009b2
 def _parent(p: str) -> str:
     return p.rsplit('.', 1)[0] if '.' in p else ''
+
+def _mlp_ok(R, b, maps: tuple) -> bool:
+    """Whether the module holding all `maps` is position-wise (an MLP, not a
+    mixer's in- and out-projections); maps directly in the block pass."""
+    parts = [m.split('.')[:-1] for m in maps]     # their modules' paths
+    P = []
+    for ps in zip(*parts):
+        if len(set(ps)) > 1: break
+        P.append(ps[0])
+    P = '.'.join(P)
+    return (not P or P not in R
+            or _positionwise(b.get_submodule(P), R[P][0]) is not False)
 
 # %% ../nbs/11ab_discovery.ipynb #discov009c
 def _offset(norm: nn.Module, x) -> Optional[float]:
@@ -161,13 +233,18 @@ def _offset(norm: nn.Module, x) -> Optional[float]:
         if not y.abs().max() > 0: return c
     return None
 
-def _positionwise(mod: nn.Module, x) -> bool:
-    "Whether mod(x) acts on every position alone (an MLP, no attention)."
+def _positionwise(mod: nn.Module, x) -> Optional[bool]:
+    "Whether mod(x) acts on every position alone; None: x alone is no call."
     try:
         with torch.no_grad():
-            return _same(mod(x).flip(-2), mod(x.flip(-2)))
+            y, yf = (_first_out(mod(t)) for t in (x, x.flip(-2)))
     except Exception:                    # needs more than one input
-        return False
+        return None
+    return _same(y.flip(-2), yf)
+
+def _first_out(o):
+    "A module's output tensor: the first of a tuple (y, router logits, ...)."
+    return o[0] if isinstance(o, (tuple, list)) else o
 
 # %% ../nbs/11ab_discovery.ipynb #discov009cb
 def _parallel(R, b, cfg, out, lins) -> Optional[dict]:
@@ -232,8 +309,40 @@ def _encoder(base: nn.Module, ids) -> bool:
     "Whether position 0's output depends on a later token (bidirectional)."
     other = ids.clone(); other[0, -1] = ids[0, -2]
     with torch.no_grad():
-        a, b = (base(input_ids=t)[0][0, 0] for t in (ids, other))
+        a, b = (base(input_ids=t, **_no_cache(base))[0][0, 0]
+                for t in (ids, other))
     return not torch.equal(a, b)
+
+# %% ../nbs/11ab_discovery.ipynb #discov011a
+def _n_linear(m: nn.Module) -> int:
+    return sum(_is_linear(s) for s in m.modules()) + _params_3d(m)
+
+def _why_none(R: dict, b: nn.Module) -> str:
+    "The structural reason a block matches no pattern."
+    if not any(_is_linear(m) for m in b.modules()):
+        kinds = sorted({type(m).__name__ for m in b.modules()
+                        if 'Linear' in type(m).__name__})
+        return ("has no nn.Linear (or Conv1D) map the patch could write"
+                + (f": its maps are {', '.join(kinds)}" if kinds else ""))
+    pw = {p: _positionwise(m, R[p][0]) for p, m in b.named_modules()
+          if p in R and p and not _is_linear(m) and _n_linear(m)}
+    mix = [p for p, m in b.named_children() if pw.get(p) is False]
+    odd = [p for p, m in b.named_children() if p in pw and pw[p] is None]
+    mlp = [p for p, v in pw.items() if v and not any(_under(p, x) for x in
+           mix) and (_n_linear(m := b.get_submodule(p)) >= 2 or _params_3d(m))]
+    if not mlp and (mix or not odd):
+        return (f"has a mixer ({', '.join(mix) or 'no sublayer'}) followed "
+                "by no MLP: no sublayer that acts on each position alone, "
+                "which the patch could change to carry the context")
+    if not mlp:
+        return (f"has sublayers ({', '.join(odd)}) that take more than the "
+                "stream as input (a state, a second input), so none of "
+                "them can be checked to be an MLP that acts on each "
+                "position alone")
+    return (f"has an MLP ({mlp[0]}) whose output reaches the block's "
+            f"output in none of the ways the patch needs ({_TRIED}): no "
+            "map of it whose output the block adds to its stream")
+
 
 # %% ../nbs/11ab_discovery.ipynb #discov011b
 def _body(base: nn.Module, path: str, ids) -> str:
@@ -247,7 +356,7 @@ def _body(base: nn.Module, path: str, ids) -> str:
                 for t in (*a[:1], k.get('input_ids'))) else None,
             with_kwargs=True))
     try:
-        with torch.no_grad(): base(input_ids=ids)
+        with torch.no_grad(): base(input_ids=ids, **_no_cache(base))
     finally:
         for h in hs: h.remove()
     return max(got, key=len, default='')
@@ -260,11 +369,37 @@ def _blocks_of(model) -> tuple:
         raise TypeError(f"{name}: an encoder-decoder's cross-attention "
                         "reads the encoder states, which no patch of the "
                         "decoder's own weights replaces")
+    if getattr(cfg, 'attention_window', None):
+        raise TypeError(f"{name}: it pads its input to a multiple of its "
+                        "attention_window inside its forward, so its blocks "
+                        "see positions that no patch of the query follows")
     base = getattr(model, 'base_model', model)
     L = getattr(cfg, 'num_hidden_layers', None)
     if not isinstance(L, int):
         raise TypeError(f"{name}: its config gives no num_hidden_layers")
-    return (base, *_blocks(base, L))
+    try: return (base, *_blocks(base, L))
+    except TypeError:
+        if (sh := _shared(base, L, _probe_ids(model))) is None: raise
+    raise TypeError(
+        f"{name}: one layer ({sh}) runs at all {L} depths with the same "
+        "weights (shared across depths, as ALBERT does), so a patch of its "
+        "weights for one depth would change every depth")
+
+# %% ../nbs/11ab_discovery.ipynb #discov011bd
+def _shared(base: nn.Module, L: int, ids) -> Optional[str]:
+    "The outermost module with linear maps that runs L times in one pass."
+    n, hs = Counter(), []
+    for p, m in base.named_modules():
+        if p and not _is_linear(m) and _n_linear(m) >= 2:
+            hs.append(m.register_forward_hook(
+                lambda m, a, o, p=p: n.update([p])))
+    try:
+        with torch.no_grad(): base(input_ids=ids, **_no_cache(base))
+    except Exception: return None
+    finally:
+        for h in hs: h.remove()
+    runs = [p for p, k in n.items() if k >= L > 1]
+    return min(runs, key=len, default=None)
 
 def _probe_ids(model) -> torch.Tensor:
     "Six token ids (2..7 modulo the vocabulary), on the embedding's device."
@@ -273,27 +408,37 @@ def _probe_ids(model) -> torch.Tensor:
     return (torch.arange(2, 8) % V).to(emb.weight.device)[None]
 
 # %% ../nbs/11ab_discovery.ipynb #discov011bc
-def _one_structure(name: str, blocks, R: list, cfg) -> dict:
-    "The pattern every block shares; TypeError naming a block that differs."
+def _one_structure(name: str, blocks, R: list, cfg, split='') -> list:
+    "Every block's pattern; TypeError with the reason for one that has none."
     found = []
     for l, b in enumerate(blocks):
         f = _classify(R[l], b, cfg) if '' in R[l] else None
         if f is None:
-            raise TypeError(
-                f"{name}: block {l} ({type(b).__name__}) matches none of "
-                f"the structures the patch needs ({_TRIED}): no linear map "
-                "of an MLP whose output the block adds to its stream after "
-                "the contextual layer")
+            raise TypeError(f"{name}: block {l} ({type(b).__name__}) "
+                            + _why_none(R[l], b) + split)
         found.append(f)
-    if any(f != found[0] for f in found):
-        l = next(i for i, f in enumerate(found) if f != found[0])
-        raise TypeError(
-            f"{name}: its blocks differ in structure (block 0: "
-            f"{found[0]['pattern']} {found[0].get('first')}; block {l}: "
-            f"{found[l]['pattern']} {found[l].get('first')}); one record "
-            "describes one structure")
-    return found[0]
+    return found
 
+def _split(base: nn.Module, path: str, L: int) -> str:
+    "A note when each depth is spread over sibling lists (XLM's layout)."
+    par = base.get_submodule(_parent(path))
+    lists = [n for n, m in par.named_children()
+             if isinstance(m, nn.ModuleList) and len(m) == L]
+    return ('' if len(lists) < 2 else f"; each depth is spread over the "
+            f"lists {', '.join(lists)}, so no one module is a block whose "
+            "input and output the patch could read")
+
+def _mixed(fams: list) -> Family:
+    """One record of blocks that differ (MoE with dense layers, hybrids):
+    block 0's paths, each block's own record in `blocks`."""
+    pats = ' + '.join(dict.fromkeys(f.pattern for f in fams))
+    post = next((f for f in fams if f.post), fams[0])
+    return fams[0]._replace(
+        pattern=pats, blocks=tuple(fams), post=post.post,
+        post_offset=post.post_offset,
+        moe=next((f.moe for f in fams if f.moe), None))
+
+# %% ../nbs/11ab_discovery.ipynb #discov011be
 def discover(model  # a transformers model (with or without its head)
              ) -> Family:
     "A Family record read off the model's blocks; TypeError with the reason."
@@ -301,12 +446,15 @@ def discover(model  # a transformers model (with or without its head)
     base, path, blocks = _blocks_of(model)
     ids = _probe_ids(model)
     R = _record(base, blocks, ids)
-    found = _one_structure(type(model).__name__, blocks, R, cfg)
+    found = _one_structure(type(model).__name__, blocks, R, cfg,
+                           _split(base, path, len(blocks)))
     body = _body(base, path, ids)              # a wrapper's decoder
     kw = dict(layers=path[len(body) + 1:] if body else path,
               model_type=cfg.model_type, body=body or None,
               encoder=_encoder(base, ids))
-    return Family(cfg.model_type, **kw, **found)
+    fams = [Family(cfg.model_type, **kw, **f) for f in found]
+    return fams[0] if all(f == fams[0] for f in fams) else _mixed(fams)
+
 
 # %% ../nbs/11ab_discovery.ipynb #discov013
 _FOUND = weakref.WeakKeyDictionary()     # base model -> discovered Family
@@ -321,82 +469,3 @@ def find_adapter(model):  # a transformers model, described or not
     base = getattr(model, 'base_model', model)
     if base not in _FOUND: _FOUND[base] = discover(model)
     return adapter(model, _FOUND[base])
-
-# %% ../nbs/11ab_discovery.ipynb #discov_z1
-ZOO_TINY = dict(       # tiny sizes under every name the configs use
-    vocab_size=97, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-    num_key_value_heads=2, intermediate_size=64, head_dim=8,
-    max_position_embeddings=128, n_embd=32, n_layer=2, n_head=4, d_model=32,
-    num_layers=2, ffn_dim=64, n_positions=128, hidden_dim=64, dim=32,
-    n_layers=2, n_heads=4, encoder_layers=2, decoder_layers=2,
-    encoder_attention_heads=4, decoder_attention_heads=4,
-    encoder_ffn_dim=64, decoder_ffn_dim=64, rotary_dim=4, kv_lora_rank=16,
-    qk_rope_head_dim=4, qk_nope_head_dim=4, v_head_dim=8,
-    moe_intermediate_size=16, pad_token_id=0, bos_token_id=0, eos_token_id=1)
-_RETRY = ('head_dim', 'num_key_value_heads', 'rotary_dim', 'v_head_dim',
-          'kv_lora_rank', 'qk_rope_head_dim', 'qk_nope_head_dim')
-
-def zoo_types() -> list:
-    "(model_type, 'causal' | 'masked') of every LM head transformers has."
-    from transformers.models.auto import modeling_auto as ma
-    c = set(ma.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)
-    return sorted((t, 'causal') for t in c) + sorted(
-        (t, 'masked') for t in ma.MODEL_FOR_MASKED_LM_MAPPING_NAMES
-        if t not in c)
-
-# %% ../nbs/11ab_discovery.ipynb #discov_z2
-def zoo_model(model_type: str,       # a transformers model_type
-              kind: str = 'causal'):  # 'causal' or 'masked' LM head
-    "A tiny random float64 LM of `model_type` that runs; its error else."
-    import transformers as tf
-    auto = (tf.AutoModelForCausalLM if kind == 'causal'
-            else tf.AutoModelForMaskedLM)
-    err, drop = None, set()
-    for _ in range(len(_RETRY) + 1):      # drop the fields an error names
-        kw = {k: v for k, v in ZOO_TINY.items() if k not in drop}
-        try:
-            with warnings.catch_warnings():
-                warnings.simplefilter('ignore')
-                cfg = tf.AutoConfig.for_model(model_type, **kw)
-                with torch.device('meta'): size = sum(
-                    p.numel() for p in auto.from_config(cfg).parameters())
-                if size > 20_000_000:
-                    raise ValueError(f"not tiny: {size:,} parameters")
-                torch.manual_seed(0)
-                m = auto.from_config(cfg).double().eval()
-            if hasattr(m, 'set_experts_implementation'):
-                try: m.set_experts_implementation('eager')  # float64
-                except (ValueError, AttributeError): pass
-            ids = torch.arange(2, 9)[None] % cfg.vocab_size
-            with torch.no_grad(): m(ids, use_cache=False)   # it runs
-            return m
-        except Exception as e:            # transformers cannot build it
-            err, named = err or e, {k for k in _RETRY if k in str(e)} - drop
-            if not named: break
-            drop |= named
-    raise err
-
-# %% ../nbs/11ab_discovery.ipynb #discov_z3
-def zoo_table(rows: list  # dicts with type, result (and pattern, why)
-              ) -> str:
-    "Markdown: the zoo's counts, its exact types by pattern, the refusals."
-    n = Counter(r['result'] for r in rows)
-    pat = {}
-    for r in rows:
-        if r['result'] == 'exact':
-            pat.setdefault(r.get('pattern', '?'), []).append(r['type'])
-    out = [f"Tiny random float64 models of {len(rows)} causal-LM and "
-           f"masked-LM types: {n['exact']} exact (every layer <= 1e-12, "
-           f"the output <= 1e-10), {n['within the self-check']} within the "
-           f"self-check (every layer <= 1e-9), {n['refused']} refused with a "
-           f"reason, {n['transformers fails']} where transformers' own run "
-           f"fails under the patch's calls, {n['not buildable']} that "
-           f"transformers cannot build at tiny sizes (or composite ones), "
-           f"{n['inexact']} silently wrong.", '',
-           '| structural pattern | exact types |', '|---|---|']
-    out += [f"| {p} | {', '.join(f'`{t}`' for t in sorted(ts))} |"
-            for p, ts in sorted(pat.items())]
-    out += ['', '| refused type | reason |', '|---|---|']
-    out += [f"| `{r['type']}` | {r['why'].split(': ', 1)[-1][:150]} |"
-            .replace('\n', ' ') for r in rows if r['result'] == 'refused']
-    return '\n'.join(out)

@@ -5,19 +5,22 @@
 # %% ../nbs/11a_families.ipynb #c00211a
 from __future__ import annotations
 from typing import NamedTuple, Optional
-import torch
+import torch, weakref
 from torch import nn
+from torch.overrides import TorchFunctionMode
 from .core import resolve_dtype
 
 # %% auto #0
 __all__ = ['PATTERNS', 'FAMILIES', 'SUPPORTED', 'TINY_ARCHS', 'Family', 'tiny_model', 'Layer', 'Adapter', 'linear_weight',
-           'supported', 'find_family', 'adapter']
+           'supported', 'find_family', 'adapter', 'moe_first_delta', 'moe_last_deltas', 'moe_layout', 'moe_rounds',
+           'refuse_rounding']
 
 # %% ../nbs/11a_families.ipynb #c00511a
 class Family(NamedTuple):
     "Where one transformer family keeps what the patch touches, as data."
     name: str                 # our name (its config's model_type)
-    pattern: str              # structural pattern (a key of PATTERNS)
+    pattern: str              # structural pattern (a key of PATTERNS, or
+                              # several joined by ' + ': see blocks)
     layers: str               # base-model path of the list of blocks
     first: tuple              # block paths of the maps reading the MLP input a
     last: str                 # block path of the MLP's last map (reads g)
@@ -26,7 +29,8 @@ class Family(NamedTuple):
     branch: tuple = ()        # parallel: block paths of the other branches
     post: Optional[str] = None     # norm between the MLP and the residual add
     post_offset: float = 0.   # that norm's scale is offset + weight
-    scale: Optional[str] = None    # config field multiplying the MLP output
+    scale: object = None      # config field (str) multiplying the MLP
+                              # output, or that number itself
     when: tuple = ()          # ((config field, value), ...) it requires
     max_pos: Optional[str] = None  # config field of learned positions
     model_type: Optional[str] = None   # config.model_type, if not name
@@ -36,6 +40,9 @@ class Family(NamedTuple):
     moe: Optional[str] = None # block path of a mixture-of-experts module;
                               # first and last then name its parameters
     encoder: bool = False     # every position reads every other
+    blocks: tuple = ()        # one record per block where blocks differ
+    transposed: tuple = ()    # MoE: 3-D paths stored (E, in, out), not
+                              # (E, out, in) (gpt-oss, Llama 4)
 
 PATTERNS = {
     'pre-norm': "pre-norm, sequential: h = z + A(LN1 z), out = h + M(LN2 h)",
@@ -44,6 +51,7 @@ PATTERNS = {
     'post-norm': "norm after the MLP: out = h + N3(M(LN2 h)), LN2 optional",
     'moe': "mixture of experts, pre-norm: out = h + sum_S w_e D_e g_e(LN2 h)",
 }
+
 
 # %% ../nbs/11a_families.ipynb #c00711a
 def _llama_like(name, **kw):
@@ -277,10 +285,11 @@ class Layer(NamedTuple):
     post: Optional[nn.Module]  # norm after the MLP, or None
     moe: Optional[nn.Module] = None  # mixture of experts: first and last
                                      # are then its parameters
+    family: Optional[Family] = None  # the record of this block
 
     @property
     def norm(self) -> Optional[nn.Module]:
-        "The module reading h (the name used before the split)."
+        "The module reading h: another name for `stream`."
         return self.stream
 
 class Adapter(NamedTuple):
@@ -309,13 +318,13 @@ def _linear(m: nn.Module, where: str) -> nn.Module:
                     f"Conv1D, got {type(m).__name__}")
 
 def _param(root: nn.Module, path: str, where: str,
-           d: Optional[int] = None) -> nn.Parameter:
-    "A parameter (2-D or 3-D) whose last axis reads a vector of width d."
+           d: Optional[int] = None, tr: bool = False) -> nn.Parameter:
+    "A 2-D or 3-D parameter reading width d on its last axis (tr: middle)."
     *mod, name = path.split('.')
     m = _get(root, '.'.join(mod), where) if mod else root
     p = getattr(m, name, None)
     if not isinstance(p, nn.Parameter) or p.dim() not in (2, 3) \
-            or d is not None and p.shape[-1] != d:
+            or d is not None and p.shape[-2 if tr else -1] != d:
         got = tuple(p.shape) if isinstance(p, torch.Tensor) else p
         raise TypeError(f"{where}: expected {path!r} to be a 2-D or 3-D "
                         f"parameter reading width {d}, got {got}; this "
@@ -356,17 +365,22 @@ def _resolve_layer(b: nn.Module, fam: Family, l: int, cfg) -> Layer:
     w = f"{fam.name} layer {l}"
     if fam.moe:                            # parameters, not modules
         d = cfg.hidden_size
-        first = tuple(_param(b, p, w, d) for p in fam.first)
+        first = tuple(_param(b, p, w, d, p in fam.transposed)
+                      for p in fam.first)
         last = tuple(_param(b, p, w) for p in fam.last)
-        return Layer(b, first, last, _get(b, fam.stream, w),
-                     (), None, _get(b, fam.moe, w))
+        return Layer(b, first, last,
+                     _get(b, fam.stream, w) if fam.stream else None,
+                     tuple(_get(b, p, w) for p in fam.branch),
+                     _get(b, fam.post, w) if fam.post else None,
+                     _get(b, fam.moe, w), fam)
     first = tuple(_linear(_get(b, p, w), f"{w} {p}") for p in fam.first)
     return Layer(
         b, first, _linear(_get(b, fam.last, w), f"{w} {fam.last}"),
         _get(b, fam.stream, w) if fam.stream else None,
         tuple(_get(b, p, w) for p in fam.branch),
-        _get(b, fam.post, w) if fam.post else None)
+        _get(b, fam.post, w) if fam.post else None, None, fam)
 
+# %% ../nbs/11a_families.ipynb #c01311ab2
 def adapter(model,  # a transformers model, with or without its head
             family: Optional[Family] = None  # None: by model_type
             ) -> Adapter:
@@ -380,8 +394,95 @@ def adapter(model,  # a transformers model, with or without its head
     base = getattr(model, 'base_model', model)
     if fam.body: base = _get(base, fam.body, type(base).__name__)
     blocks = _get(base, fam.layers, type(base).__name__)
-    layers = [_resolve_layer(b, fam, l, cfg) for l, b in enumerate(blocks)]
-    scale = float(getattr(cfg, fam.scale)) if fam.scale else 1.
+    if fam.blocks and len(fam.blocks) != len(blocks):
+        raise TypeError(f"{fam.name}: {len(fam.blocks)} block records for "
+                        f"{len(blocks)} blocks")
+    layers = [_resolve_layer(b, fam.blocks[l] if fam.blocks else fam, l,
+                             cfg) for l, b in enumerate(blocks)]
+    scale = (float(getattr(cfg, fam.scale)) if isinstance(fam.scale, str)
+             else float(fam.scale or 1.))
     gen = getattr(model, 'can_generate', None)
     return Adapter(fam, type(model).__name__, base, layers, scale,
                    bool(gen()) if callable(gen) else False)
+
+# %% ../nbs/11a_families.ipynb #c01311ac
+def moe_first_delta(P: torch.Tensor,  # a first parameter (..., out, in)
+                    r,                # its RankOne factors (B, q, ·)
+                    b: int, t: int,   # the position
+                    tr: bool = False  # P stored (E, in, out)
+                    ) -> torch.Tensor:
+    "ΔP at one position: u reshaped to P's output axes, times v."
+    if tr:
+        u = r.u[b, t].reshape(P.shape[0], P.shape[2])
+        return r.v[b, t][None, :, None] * u[:, None, :]
+    return r.u[b, t].reshape(P.shape[:-1])[..., None] * r.v[b, t]
+
+def moe_last_deltas(Ps: tuple,         # the down projections (..., d, H)
+                    r,                 # RankOne: u = δ, v = ĝ / ||ĝ||²
+                    b: int, t: int,    # the position
+                    trs: tuple = ()    # per P: stored (E, H, d)
+                    ) -> list:
+    "ΔD per down projection: u = δ shared, v split over the projections."
+    out, o = [], 0
+    for P, tr in zip(Ps, trs or (False,) * len(Ps)):
+        H = P.shape[-2] if tr else P.shape[-1]
+        k = P.shape[:-2].numel() * H
+        v = r.v[b, t, o:o + k].reshape(*P.shape[:-2], H); o += k
+        out.append(v[..., None] * r.u[b, t] if tr
+                   else r.u[b, t][:, None] * v[..., None, :])
+    return out
+
+def moe_layout(lay: Layer) -> tuple:
+    "(first, last): per parameter of a MoE layer, whether it is transposed."
+    fam = lay.family
+    return tuple(tuple(p in fam.transposed for p in ps)
+                 for ps in (fam.first, fam.last))
+
+
+# %% ../nbs/11a_families.ipynb #c01311ad
+_ROUNDS = weakref.WeakKeyDictionary()   # MoE module -> (dtype, name)
+
+class _Casts(TorchFunctionMode):
+    "Sees whether any op turns the parameters `ps` into float32 tensors."
+    def __init__(self, ps: dict):
+        super().__init__(); self.ps, self.hit = ps, None
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if isinstance(out, torch.Tensor) and out.dtype == torch.float32:
+            self.hit = self.hit or next((n for n, p in self.ps.items()
+                                         if any(a is p for a in args)), None)
+        return out
+
+def moe_rounds(moe: nn.Module,    # a mixture-of-experts module
+               names: tuple,      # its first parameters' names
+               dtype: torch.dtype  # the model's dtype
+               ) -> Optional[str]:
+    "The first parameter a float64 MoE casts to float32 (its router), or None."
+    if dtype != torch.float64: return None
+    if (hit := _ROUNDS.get(moe)) and hit[0] == dtype: return hit[1]
+    ps = {n: p for n, p in moe.named_parameters() if n in names}
+    g = torch.Generator(device='cpu').manual_seed(0)
+    x = torch.randn(1, 3, ps[names[0]].shape[-1], generator=g, dtype=dtype)
+    with torch.no_grad(), _Casts(ps) as mode:
+        moe(x.to(ps[names[0]].device))
+    _ROUNDS[moe] = (dtype, mode.hit)
+    return mode.hit
+
+# %% ../nbs/11a_families.ipynb #c01311ae
+def refuse_rounding(ad  # the model's adapter
+                    ) -> None:
+    "Refuse a float64 model whose MoE router computes in float32."
+    dt = next(p.dtype for p in ad.base.parameters() if p.is_floating_point())
+    for l, lay in enumerate(ad.layers):
+        if lay.moe is None: continue
+        cut = len(lay.family.moe) + 1
+        if n := moe_rounds(lay.moe, tuple(p[cut:] for p in lay.family.first),
+                           dt):
+            raise ValueError(
+                f"layer {l} of the {ad.name}: its mixture of experts "
+                f"applies {n} in float32 even in this float64 model, so a "
+                "patched router is rounded to float32 and the routing "
+                "weights are off by float32 round-off (about 1e-7), which "
+                "no float64 self-check should pass as exact: use the "
+                "model in float32, where that is its own round-off")
+

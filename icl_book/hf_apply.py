@@ -10,7 +10,7 @@ from torch import nn
 from .core import rel_err, check_int, hold_sigint, release_sigint, \
     sigint_critical
 from .blocks import RankOne
-from .families import Adapter
+from .families import Adapter, moe_layout
 from .patch import patched_weights
 from .discovery import norm_rounds
 from icl_book.hf_checks import (
@@ -18,8 +18,8 @@ from icl_book.hf_checks import (
     model_state, refuse_stale, restored, check_call, claim, check_owner,
     check_mode)
 from .hf_patch import (
-    context_patches, output_tensor, _Win, _base_forward, _hooks, _layer_err,
-    _moe_run, _moe_first, _moe_last)
+    context_patches, output_tensor, accepts_kwarg, _Win, _base_forward,
+    _hooks, _layer_err, _moe_run, _moe_first, _moe_last)
 
 # %% auto #0
 __all__ = ['write_weights', 'patched', 'moe_routing', 'patch_errors', 'generate_without_context']
@@ -55,7 +55,7 @@ def _apply_moe(self, l, a, y):
     sl = lambda r: RankOne(r.u[:, w], r.v[:, w])
     out = _moe_run(self.ad, self.ad.layers[l], a, [sl(r) for r in p.dW],
                    None if p.dW_out is None else sl(p.dW_out))
-    if p.db_out is None: return out
+    if p.db_out is None or self.ad.layers[l].post is not None: return out
     return (out.to(p.db_out.dtype) + p.db_out[:, w]).to(y.dtype)
 
 def _apply_post(self, l, x, y):
@@ -115,12 +115,13 @@ def _writer(st: ExitStack, ad: Adapter, written: list):
 
 def _write_moe(write, lay, p) -> None:
     "A MoE layer: router and experts' parameters, 2-D or 3-D."
-    for P, r in zip(lay.first, p.dW):
-        write(P, _moe_first(P, r, 0, 0), 'router or expert')
+    tf, tl = moe_layout(lay)
+    for P, r, tr in zip(lay.first, p.dW, tf):
+        write(P, _moe_first(P, r, 0, 0, tr), 'router or expert')
     if p.dW_out is not None:
-        for P, D in zip(lay.last, _moe_last(lay.last, p.dW_out, 0, 0)):
+        for P, D in zip(lay.last, _moe_last(lay.last, p.dW_out, 0, 0, tl)):
             write(P, D, 'down projection')
-    if p.db_out is not None:
+    if p.db_out is not None and lay.post is None:
         write(None, None, 'mixture of experts (its down projections)')
 
 # %% ../nbs/11ba_hf_apply.ipynb #ba_w025c
@@ -133,7 +134,11 @@ def _write_dense(write, ad: Adapter, lay, p) -> None:
         r = flat(r)
         if not isinstance(m, nn.Linear): r = RankOne(r.v, r.u)  # Conv1D
         write(m.weight, r.dense(), 'linear map')
-    if p.db_out is not None:
+    _write_rest(write, ad, lay, p)
+
+def _write_rest(write, ad: Adapter, lay, p) -> None:
+    "The steering vector or the post-norm's scale (dense or MoE layer)."
+    if p.db_out is not None and (lay.moe is None or lay.post is not None):
         m = lay.post if lay.post is not None else lay.last
         write(getattr(m, 'bias', None), p.db_out.reshape(-1),
               'norm after the MLP' if lay.post is not None
@@ -146,7 +151,7 @@ def _write_dense(write, ad: Adapter, lay, p) -> None:
                 "float32 even in this float64 model, so a scale written "
                 "into its weight would be rounded to float32; use the "
                 "default inplace=False (exact)")
-        write(w, (ad.family.post_offset + w.to(p.ds_post.dtype))
+        write(w, (lay.family.post_offset + w.to(p.ds_post.dtype))
               * p.ds_post.reshape(-1), 'norm after the MLP')
 
 # %% ../nbs/11ba_hf_apply.ipynb #ba_w025d
@@ -163,7 +168,8 @@ def write_weights(st: ExitStack,       # restores the weights when closed
             f"{patches.shape}. Use the default inplace=False.")
     write = _writer(st, ad, written)
     for lay, p in zip(ad.layers, patches.layers):
-        if lay.moe is not None: _write_moe(write, lay, p)
+        if lay.moe is not None:
+            _write_moe(write, lay, p); _write_rest(write, ad, lay, p)
         else: _write_dense(write, ad, lay, p)
 
 # %% ../nbs/11ba_hf_apply.ipynb #c01214b
@@ -215,7 +221,8 @@ def patched(model,             # the model the patches were computed for
         else: fn.update(first=ap.first, last=ap.last, post=ap.post,
                         moe=ap.moe)
         _hooks(st, ad, patches.shape[0], **fn)
-        ap.expect.append(model_state(ad))
+        ap.expect.append(patches.state if patches.state and not inplace
+                         else model_state(ad, bits=True))   # byte sums
         opened = True; release_sigint()        # a held-back Ctrl-C: here
         yield model
     finally:
@@ -227,18 +234,19 @@ def patched(model,             # the model the patches were computed for
         finally: release_sigint()
 
 # %% ../nbs/11ba_hf_apply.ipynb #4e5a0536
-def _get_router(lay, fam) -> nn.Module:
-    "The module owning the record's first `first` parameter (the router)."
+def _get_router(lay) -> nn.Module:
+    "The module owning the layer record's first `first` parameter (router)."
     m = lay.block
-    for part in fam.first[0].split('.')[:-1]: m = getattr(m, part)
+    for part in lay.family.first[0].split('.')[:-1]: m = getattr(m, part)
     return m
 
 def _router_calls(ad: Adapter, model, context_ids, query_ids, patches):
-    "Per layer: the router's output with the context, and its patched calls."
-    calls = [[] for _ in ad.layers]
+    "Per MoE layer: the router's output with the context, its patched calls."
+    moe = [lay for lay in ad.layers if lay.moe is not None]
+    calls = [[] for _ in moe]
     with torch.no_grad(), ExitStack() as st:
-        for l, lay in enumerate(ad.layers):
-            st.callback(_get_router(lay, ad.family).register_forward_hook(
+        for l, lay in enumerate(moe):
+            st.callback(_get_router(lay).register_forward_hook(
                 lambda m, a, o, l=l: calls[l].append(o)).remove)
         _base_forward(ad, torch.cat([context_ids, query_ids], 1))
         ctx = [c[-1] for c in calls]            # (B (n + q), E), ...
@@ -266,14 +274,15 @@ def moe_routing(model,                      # a mixture-of-experts model
                 query_ids: torch.Tensor,    # query token ids (B, q)
                 patches: HFPatch,           # their `context_patches`
                ) -> list:
-    """Per MoE layer, at the query positions: whether the patched router
-    selects the with-context experts, its logits' error, and the margin."""
+    """Per MoE layer (dense layers skipped), at the query positions: whether
+    the patched router selects the with-context experts, its logits' error,
+    and the margin."""
     ad = check_model(model); check_patch(ad, patches)
     if patches.query_mask is not None:
         raise ValueError("moe_routing compares unpadded runs: compute the "
                          "patches without an attention_mask")
     n, (B, q) = patches.start, patches.shape
-    if not ad.family.moe:
+    if all(lay.moe is None for lay in ad.layers):
         raise TypeError(f"{ad.name} has no mixture of experts to route")
     ctx, calls = _router_calls(ad, model, context_ids, query_ids, patches)
     return [_routing(c, calls[l][-B * q:], B, n, q)   # per-position calls
@@ -287,6 +296,7 @@ def _outputs(ad: Adapter, model, ids, **kw):
         for lay in ad.layers:
             st.callback(lay.block.register_forward_hook(
                 lambda m, a, o: outs.append(output_tensor(o))).remove)
+        if accepts_kwarg(model, 'use_cache'): kw['use_cache'] = False
         r = model(ids, **kw)
     out = r.logits if hasattr(r, 'logits') else r.last_hidden_state
     return outs, out

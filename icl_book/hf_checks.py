@@ -427,9 +427,11 @@ def check_call(
     "Inside patched: the query, positions, mask and types must be the patch's."
     ids = kwargs.get('input_ids', args[0] if args else None)
     if ids is None or any(a is not None for a in args[1:]):
-        raise ValueError("inside patched(...) call the model on input_ids "
-                         "(the query the patches were computed for), other "
-                         "arguments by keyword")
+        raise ValueError("inside patched(...) the base model got arguments "
+                         "by position besides input_ids (from you, or from a "
+                         "head that passes them so), which the check cannot "
+                         "read: call the model (or model.base_model) on "
+                         "input_ids, other arguments by keyword")
     if ids.shape != p.query_ids.shape or not torch.equal(
             ids, p.query_ids.to(ids.device)):
         raise ValueError(

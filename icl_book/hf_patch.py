@@ -12,7 +12,8 @@ from torch.func import functional_call
 from .core import rel_err, check_float
 from .blocks import RankOne
 from .deep import PATCH_MODES
-from .families import Adapter
+from .families import (Adapter, FAMILIES, moe_first_delta,
+                               moe_last_deltas, moe_layout, refuse_rounding)
 from .hf_checks import (
     LayerPatch, HFPatch, check_model, check_ids, check_length, check_mask,
     check_types, check_finite_run, model_state)
@@ -78,11 +79,10 @@ def _write_hooks(st: ExitStack, lay, l: int, rows, fn: dict,
     "Layer l's hooks that may replace outputs: the MoE module, or the maps."
     if lay.moe is not None:            # first, last: its parameters
         if 'moe' in fn: _put(st, lay.moe, _moe_hook(fn['moe'], rows, l, busy))
-        return
-    if 'first' in fn:
-        for j, mod in enumerate(lay.first):
+    else:
+        for j, mod in enumerate(lay.first if 'first' in fn else ()):
             _put(st, mod, _replacing(fn['first'], rows, l, j))
-    if 'last' in fn: _put(st, lay.last, _replacing(fn['last'], rows, l))
+        if 'last' in fn: _put(st, lay.last, _replacing(fn['last'], rows, l))
     if 'post' in fn and lay.post is not None:
         _put(st, lay.post, _replacing(fn['post'], rows, l))
 
@@ -129,7 +129,7 @@ def _recorder(ad: Adapter, n: int):
             keep[l].setdefault(key, []).append(t[:, lo:].clone())
     def block_pre(l, x):
         win.reset(l)
-        if ad.family.branch: rec(l, 'x', x)
+        if ad.layers[l].branch: rec(l, 'x', x)
     return keep, dict(
         block_pre=block_pre, block=lambda l, o: rec(l, 'out', o),
         stream=lambda l, h: rec(l, 'h', h),
@@ -139,11 +139,11 @@ def _recorder(ad: Adapter, n: int):
 
 def _joined(ad: Adapter, keep: list) -> list:
     "Each record's chunks joined; for a parallel block h = x + branches."
-    for k in keep:
+    for k, lay in zip(keep, ad.layers):
         for key in list(k): k[key] = torch.cat(k[key], 1)
-        if ad.family.branch:           # parallel: the stream is x + branches
+        if lay.branch:                 # parallel: the stream is x + branches
             k['h'] = k.pop('x') + sum(k.pop(f'b{i}')
-                                      for i in range(len(ad.family.branch)))
+                                      for i in range(len(lay.branch)))
     return keep
 
 # %% ../nbs/11b_hf_patch.ipynb #c00916c
@@ -162,18 +162,8 @@ def with_context_pass(ad: Adapter,  # the model's adapter (`check_model`)
     return _joined(ad, keep)
 
 # %% ../nbs/11b_hf_patch.ipynb #c00917m
-def _moe_first(P: torch.Tensor, r: RankOne, b: int, t: int) -> torch.Tensor:
-    "ΔP at one position: u reshaped to P's leading axes, times v."
-    return r.u[b, t].reshape(P.shape[:-1])[..., None] * r.v[b, t]
+_moe_first, _moe_last = moe_first_delta, moe_last_deltas   # 11a's
 
-def _moe_last(Ps: tuple, r: RankOne, b: int, t: int) -> list:
-    "ΔD per down projection (..., d, H): u = δ shared, v = ĝ / ||ĝ||² split."
-    out, o = [], 0
-    for P in Ps:
-        k = P.shape[:-2].numel() * P.shape[-1]
-        v = r.v[b, t, o:o + k].reshape(*P.shape[:-2], P.shape[-1]); o += k
-        out.append(r.u[b, t][:, None] * v[..., None, :])
-    return out
 
 # %% ../nbs/11b_hf_patch.ipynb #c00918b
 SELF_CHECK_TOL = {torch.float64: 1e-9, torch.float32: 1e-3}  # per-layer self-check
@@ -182,20 +172,21 @@ def _wide(dtype) -> torch.dtype:
     "The dtype patches are computed in: the model's, at least float32."
     return torch.promote_types(dtype, torch.float32)
 
-def _moe_names(ad: Adapter) -> tuple:
-    "The first and last parameters' names inside the MoE module."
-    cut = len(ad.family.moe) + 1
-    return (tuple(p[cut:] for p in ad.family.first),
-            tuple(p[cut:] for p in ad.family.last))
+def _moe_names(lay) -> tuple:
+    "The first and last parameters' names inside the layer's MoE module."
+    fam = lay.family
+    cut = len(fam.moe) + 1
+    return (tuple(p[cut:] for p in fam.first),
+            tuple(p[cut:] for p in fam.last))
 
 def _moe_params(ad: Adapter, lay, dW, dW_out, b: int, t: int) -> dict:
     "{name: patched parameter} for position (b, t), in the model's dtype."
-    nf, nl = _moe_names(ad)
-    new = {n: (P.to(r.u.dtype) + _moe_first(P, r, b, t)).to(P.dtype)
-           for n, P, r in zip(nf, lay.first, dW)}
+    (nf, nl), (tf, tl) = _moe_names(lay), moe_layout(lay)
+    new = {n: (P.to(r.u.dtype) + _moe_first(P, r, b, t, tr)).to(P.dtype)
+           for n, P, r, tr in zip(nf, lay.first, dW, tf)}
     if dW_out is not None:
         new.update({n: (P.to(dW_out.u.dtype) + D).to(P.dtype) for n, P, D in
-                    zip(nl, lay.last, _moe_last(lay.last, dW_out, b, t))})
+                    zip(nl, lay.last, _moe_last(lay.last, dW_out, b, t, tl))})
     return new
 
 def _moe_run(ad: Adapter, lay, a: torch.Tensor, dW, dW_out=None):
@@ -213,7 +204,7 @@ def _moe_run(ad: Adapter, lay, a: torch.Tensor, dW, dW_out=None):
 # %% ../nbs/11b_hf_patch.ipynb #c00919b
 def _moe_gate(ad: Adapter, lay, a, dW, delta, b: int, t: int):
     "ĝ at position (b, t): the gradient of <δ, y> w.r.t. the downs, over δ."
-    _, nl = _moe_names(ad)
+    _, nl = _moe_names(lay)
     with torch.enable_grad():
         Ds = [P.detach().to(delta.dtype).requires_grad_(True)
               for P in lay.last]
@@ -225,8 +216,9 @@ def _moe_gate(ad: Adapter, lay, a, dW, delta, b: int, t: int):
         G = torch.autograd.grad(y.reshape(-1).to(delta.dtype), Ds,
                                 grad_outputs=delta[b, t])
     dd = (delta[b, t] ** 2).sum()
-    return torch.cat([(g * delta[b, t][:, None]).sum(-2).reshape(-1) / dd
-                      for g in G])
+    return torch.cat([(g * (delta[b, t] if tr else delta[b, t][:, None])
+                       ).sum(-1 if tr else -2).reshape(-1) / dd
+                      for g, tr in zip(G, moe_layout(lay)[1])])
 
 def _moe_gates(ad: Adapter, lay, a: torch.Tensor, dW, delta) -> torch.Tensor:
     """ĝ (B, T, ΣH) at every position: the gate-weighted activations that the
@@ -251,7 +243,7 @@ def context_patches(
         token_type_ids=None,         # token types of [context, query]
 ) -> HFPatch:
     "Per-layer, per-position patches making the query alone act as [C, x]: `deep.context_patches` for transformers models."
-    ad = check_model(model)
+    ad = check_model(model); refuse_rounding(ad)
     if mode not in PATCH_MODES:
         raise ValueError(f"mode must be one of {PATCH_MODES}, got {mode!r}")
     if min_norm is not None: check_float('min_norm', min_norm, 0, strict=True)
@@ -281,6 +273,10 @@ def _refuse_unless(ok: torch.Tensor, l: int, why: str) -> None:
     "The closed loop's one guard: raise for layer l unless `ok` everywhere."
     if not ok.all(): raise ValueError(f"layer {l}: {why}")
 
+def _inv(x: torch.Tensor, x2: torch.Tensor, ok: torch.Tensor):
+    "x / x2 where ok, 0 elsewhere (a padded slot gets no patch, no inf)."
+    return torch.where(ok, x / torch.where(ok, x2, 1), 0.)
+
 def _sq(t: torch.Tensor, dtype) -> torch.Tensor:
     "Squared norm over the last axis in `dtype`, kept as (…, 1)."
     return (t.to(dtype) ** 2).sum(-1, keepdim=True)
@@ -302,6 +298,11 @@ _ZERO_POST = ("the norm after the MLP outputs an exact zero, so no change of "
 _ZERO_MOE = ("the context-free MoE input is (nearly) zero at some query "
              "position, so no rank-1 update of the router and experts can "
              "map it to the with-context one")
+_NAN = ("the query-alone run is not finite at a real query position "
+        "(padded slots get no patch); the known cause: with eager "
+        "attention a padded query slot whose keys are all masked (a query padded on the left) "
+        "softmaxes to NaN, which the later layers spread; load the model "
+        "with attn_implementation='sdpa', or pad the query on the right")
 _ZERO_GATE = ("the experts' down projections read a zero vector at some "
               "query position; use mode='bias'")
 
@@ -309,9 +310,11 @@ _ZERO_GATE = ("the experts' down projections read a zero vector at some "
 class _ClosedLoop:
     """The second pass's hook callbacks: at each layer, from what the query
     alone sees, the patch giving the with-context values `ctx`, applied."""
-    def __init__(self, ad: Adapter, ctx: list, mode: str, min_norm=None):
+    def __init__(self, ad: Adapter, ctx: list, mode: str, min_norm=None,
+                 qmask=None):
         L = len(ad.layers)
         self.ad, self.ctx, self.mode, self.min_norm = ad, ctx, mode, min_norm
+        self.qmask = qmask                   # padded slots are not guarded
         self.win = _Win(L)
         self.dW = [[[] for _ in lay.first] for lay in ad.layers]
         self.rest = [[] for _ in range(L)]   # last-map / bias / scale parts
@@ -332,21 +335,32 @@ class _ClosedLoop:
     def stream(self, l, h): self.free[l]['h'].append(h)   # whole, or chunks
 
     def block(self, l, o): self.outs[l].append(o.clone())
-
     def first(self, l, j, a, y):                   # a, y: context-free
         w, wd = self.win.take(l, f'f{j}', a.shape[1]), _wide(a.dtype)
-        a2 = _sq(a, wd)
-        _refuse_unless(a2 > _floor(a2, self.min_norm), l, _ZERO_FIRST)
+        a2 = _sq(a, wd); ok = a2 > _floor(a2, self.min_norm)
+        self.guard(a2, ok, l, f'p{j}', _ZERO_FIRST)
         r = RankOne(self.ctx[l][f'y{j}'][:, w].to(wd) - y.to(wd),
-                    a.to(wd) / a2)
+                    _inv(a.to(wd), a2, ok))
         self.dW[l][j].append(r)
         return (y.to(wd) + r @ a.to(wd)).to(y.dtype)  # (W + u vᵀ) a
+
+# %% ../nbs/11b_hf_patch.ipynb #c01015g
+def _guard(self, x2, ok, l: int, key: str, why: str) -> None:
+    "Refuse unless ok (and finite) at the real query slots of the window."
+    w = self.win.take(l, key, ok.shape[1])
+    real = (torch.ones_like(ok) if self.qmask is None
+            else self.qmask[:, w, None].bool().expand_as(ok))
+    _refuse_unless(torch.isfinite(x2)[real], l, _NAN)
+    _refuse_unless(ok | ~real, l, why)
+
+_ClosedLoop.guard = _guard
+
 
 # %% ../nbs/11b_hf_patch.ipynb #c01016b
 def _residual(self, l, T):
     "δ over the current window: (with-context − context-free stream) / scale."
     w, free = self.win.take(l, 'delta', T), self.free[l]
-    h = (free['x'][:, w] + free['b'][:, w] if self.ad.family.branch
+    h = (free['x'][:, w] + free['b'][:, w] if self.ad.layers[l].branch
          else torch.cat(free['h'], 1)[:, w])
     wd = _wide(h.dtype)
     return (self.ctx[l]['h'][:, w].to(wd) - h.to(wd)) / self.ad.scale
@@ -354,13 +368,13 @@ def _residual(self, l, T):
 def _last(self, l, g, y):
     "The last map: δ as a bias, or u = δ, v = g / ||g||² (else: the post-norm)."
     delta = self.residual(l, g.shape[1])
-    if self.ad.family.post is not None:
+    if self.ad.layers[l].post is not None:
         self.free[l]['delta'] = delta; return None
     if self.mode == 'bias':
         self.rest[l].append(delta); return (y + delta).to(y.dtype)
-    g2 = _sq(g, delta.dtype)
-    _refuse_unless(g2 > torch.finfo(g2.dtype).tiny, l, _ZERO_LAST)
-    r = RankOne(delta, g.to(delta.dtype) / g2)
+    g2 = _sq(g, delta.dtype); ok = g2 > torch.finfo(g2.dtype).tiny
+    self.guard(g2, ok, l, 'pl', _ZERO_LAST)
+    r = RankOne(delta, _inv(g.to(delta.dtype), g2, ok))
     self.rest[l].append(r); return (y + r @ g.to(delta.dtype)).to(y.dtype)
 
 def _post(self, l, x, y):
@@ -369,22 +383,24 @@ def _post(self, l, x, y):
     if self.mode == 'bias':
         self.rest[l].append(delta); return (y + delta).to(y.dtype)
     yw = y.to(delta.dtype)
-    _refuse_unless(yw != 0, l, _ZERO_POST)
-    rho = delta / yw
+    self.guard(yw, yw != 0, l, 'pp', _ZERO_POST)
+    rho = _inv(delta, yw, yw != 0)
     self.rest[l].append(rho); return (yw + yw * rho).to(y.dtype)
 
-_ClosedLoop.residual, _ClosedLoop.last, _ClosedLoop.post = (
-    _residual, _last, _post)
+_ClosedLoop.residual = _residual
+_ClosedLoop.last, _ClosedLoop.post = _last, _post
 
 # %% ../nbs/11b_hf_patch.ipynb #c01018b
 def _moe_first_factors(self, l, a):
     "The router's and experts' first factors u = θ ΔA, v = a / ||a||²."
     w, wd = self.win.take(l, 'moe', a.shape[1]), _wide(a.dtype)
-    aw = a.to(wd); a2 = _sq(aw, wd)
-    _refuse_unless(a2 > _floor(a2, self.min_norm), l, _ZERO_MOE)
-    dA, v = self.ctx[l]['a'][:, w].to(wd) - aw, aw / a2
-    rs = [RankOne(torch.einsum('...d,btd->bt...', P.to(wd), dA).flatten(2),
-                  v) for P in self.ad.layers[l].first]     # u = P ΔA
+    aw = a.to(wd); a2 = _sq(aw, wd); ok = a2 > _floor(a2, self.min_norm)
+    self.guard(a2, ok, l, 'pm', _ZERO_MOE)
+    dA, v = self.ctx[l]['a'][:, w].to(wd) - aw, _inv(aw, a2, ok)
+    lay = self.ad.layers[l]
+    rs = [RankOne(torch.einsum('edo,btd->bteo' if tr else '...d,btd->bt...',
+                               P.to(wd), dA).flatten(2), v)  # u = P ΔA
+          for P, tr in zip(lay.first, moe_layout(lay)[0])]
     for j, r in enumerate(rs): self.dW[l][j].append(r)
     return rs
 
@@ -393,13 +409,15 @@ def _moe(self, l, a, y):                          # a: context-free LN2 h̃
     lay, wd = self.ad.layers[l], _wide(a.dtype)
     rs = self.moe_first_factors(l, a)
     delta = self.residual(l, a.shape[1])
+    if lay.post is not None:              # δ goes after the norm (_post)
+        self.free[l]['delta'] = delta; return _moe_run(self.ad, lay, a, rs)
     if self.mode == 'bias':
         self.rest[l].append(delta)
         return (_moe_run(self.ad, lay, a, rs).to(wd) + delta).to(y.dtype)
     gh = _moe_gates(self.ad, lay, a, rs, delta)
-    g2 = _sq(gh, gh.dtype)
-    _refuse_unless(g2 > torch.finfo(g2.dtype).tiny, l, _ZERO_GATE)
-    r = RankOne(delta, gh / g2)
+    g2 = _sq(gh, gh.dtype); ok = g2 > torch.finfo(g2.dtype).tiny
+    self.guard(g2, ok, l, 'pg', _ZERO_GATE)
+    r = RankOne(delta, _inv(gh, g2, ok))
     self.rest[l].append(r); return _moe_run(self.ad, lay, a, rs, r)
 
 _ClosedLoop.moe_first_factors, _ClosedLoop.moe = _moe_first_factors, _moe
@@ -431,12 +449,12 @@ def closed_loop_pass(
 ) -> tuple:
     """Pass 2: the query alone (B, q) at positions `pos`, each layer patched
     to give its with-context values `ctx`; (layers, errors per layer)."""
-    loop = _ClosedLoop(ad, ctx, mode, min_norm)
+    loop = _ClosedLoop(ad, ctx, mode, min_norm, qmask)
     with torch.no_grad(), ExitStack() as st:    # the query alone
         _hooks(st, ad, query_ids.shape[0], **loop.hooks())
         _base_forward(ad, query_ids, qmask, pos, types)
-    layers = [_layer_patch(loop.dW[l], loop.rest[l], mode, ad.family.post)
-              for l in range(len(ad.layers))]
+    layers = [_layer_patch(loop.dW[l], loop.rest[l], mode, lay.post)
+              for l, lay in enumerate(ad.layers)]
     errs = tuple(_layer_err(torch.cat(o, 1), c['out'], qmask)
                  for o, c in zip(loop.outs, ctx))
     return layers, errs
@@ -453,10 +471,13 @@ def refuse_mismatch(ad: Adapter,  # the model's adapter
         raise ValueError(
             f"self-check failed: with the patches, layer {l} of the "
             f"{ad.name} gives its with-context output only to a relative "
-            f"error of {e:.1e} (> {tol:g} for {model_dtype(ad)}). The "
-            f"{ad.family.name!r} description does not match this block (a "
-            "subclass, or another transformers release?), so the patches "
-            "are refused.")
+            f"error of {e:.1e} (> {tol:g} for {model_dtype(ad)}). " + (
+                f"The {ad.family.name!r} description does not match this "
+                "block (a subclass, or another transformers release?)"
+                if ad.family in FAMILIES else "The record read off its "
+                f"blocks ({ad.family.pattern}) misses something this block "
+                "computes between its MLP and its stream") +
+            ", so the patches are refused.")
 
 def model_dtype(
         ad: Adapter,  # the model's adapter (`check_model`)

@@ -113,6 +113,22 @@ def test_weights_written_through_data_are_refused():
         assert rel_err(output(m, x), full) <= 1e-10
 
 
+@pytest.mark.parametrize("inplace", [False, True])
+def test_data_writes_inside_an_open_block_are_refused_at_the_next_call(
+        inplace):
+    "Before: seen only at the next entry; the second call was off silently."
+    m = tiny_model("llama")
+    C, x = ids(1, 6, 0), ids(1, 1, 1)
+    p, full = context_patches(m, C, x), full_out(m, C, x)
+    w = m.model.layers[0].mlp.down_proj.weight
+    with patched(m, p, inplace=inplace):
+        assert rel_err(output(m, x), full) <= 1e-10
+        w.data.mul_(1.01)                  # no version bump
+        with pytest.raises(ValueError, match="changed inside patched"):
+            output(m, x)
+        w.data.div_(1.01)
+
+
 def test_a_changed_configuration_is_refused():
     m = tiny_model("mistral", sliding_window=4)
     C, x = ids(1, 6, 0), ids(1, 6, 1)

@@ -4,6 +4,7 @@
 an accelerate disk offload, the self-check, and the silent wrong answers that
 are now errors. A CUDA test skips without a GPU."""
 import copy
+import re
 import tempfile
 
 import pytest
@@ -15,7 +16,8 @@ pytest.importorskip("transformers", reason="the hf extra is not installed: "
 from icl_book.core import rel_err  # noqa: E402
 from icl_book.families import FAMILIES, TINY_ARCHS, adapter, tiny_model  # noqa: E402
 from conftest import model_output as out, random_ids as ids, snapshot  # noqa: E402
-from icl_book.hf import context_patches, moe_routing, patched  # noqa: E402
+from icl_book.hf import (check_model, context_patches, moe_routing,  # noqa: E402
+                         patch_errors, patched)
 
 TOL = {"float64": 1e-12, "float32": 1e-5}
 
@@ -160,7 +162,7 @@ def test_patch_knows_its_query_positions_and_model():
             out(m, x.flip(1))                             # same shape
         with pytest.raises(ValueError, match="position_ids differs"):
             out(m, x, position_ids=torch.arange(3).expand(2, 3))
-        with pytest.raises(ValueError, match="call the model on input_ids"):
+        with pytest.raises(ValueError, match="on input_ids, other arguments by keyword"):
             m(inputs_embeds=m.get_input_embeddings()(x))
     twin = tiny_model("llama", "float64", seed=7, layers=2, d=16)
     with pytest.raises(ValueError, match="another model object"):
@@ -183,9 +185,19 @@ def test_undescribed_layouts_are_refused():
         adapter(tiny_model("opt", do_layer_norm_before=False))
     with pytest.raises(TypeError, match="decoder_sparse_step"):
         adapter(tiny_model("qwen2_moe", decoder_sparse_step=2))
-    mixed = tiny_model("qwen2_moe", decoder_sparse_step=2)   # dense + MoE
-    with pytest.raises(TypeError, match="blocks differ in structure"):
-        context_patches(mixed, ids(1, 3, 0), ids(1, 1, 1))
+
+
+
+@pytest.mark.parametrize("field", [dict(decoder_sparse_step=2),
+                                   dict(mlp_only_layers=[0, 2])])
+def test_moe_with_dense_layers_mixed_in_is_exact(field):
+    "Refused before (its blocks differ); now one record per block."
+    mixed = tiny_model("qwen2_moe", **field)            # dense + MoE
+    ad = check_model(mixed)
+    assert ad.family.pattern == "pre-norm + moe"
+    assert [lay.moe is not None for lay in ad.layers] == [False, True, False]
+    e = patch_errors(mixed, ids(1, 5, 0), ids(1, 2, 1))
+    assert max(e["per_layer"]) <= 1e-12 and e["output"] <= 1e-12
 
 
 def test_undescribed_phimoe_is_discovered_and_exact():
@@ -353,16 +365,23 @@ def test_cuda_exact():
         assert rel_err(out(m, x)[:, -1], full) <= 1e-5
 
 
-def test_discovery_refuses_with_the_structural_reason():
-    from icl_book.discovery import zoo_model
-    with pytest.raises(TypeError, match="matches none of the structures"):
-        context_patches(zoo_model("mamba"), ids(1, 3, 0), ids(1, 1, 1))
+@pytest.mark.parametrize("mt,kind,why", [
+    ("mamba", "causal", "MambaForCausalLM: block 0 \\(MambaBlock\\) has a "
+     "mixer \\(mixer\\) followed by no MLP"),
+    ("albert", "masked", "one layer \\(encoder.albert_layer_groups.0\\) runs "
+     "at all 2 depths with the same weights"),
+    ("xlm", "causal", "MultiHeadAttention\\) has a mixer"),
+])
+def test_discovery_refuses_with_the_structural_reason(mt, kind, why):
+    from icl_book.experiments.discovery import zoo_model
+    with pytest.raises(TypeError, match=why):
+        context_patches(zoo_model(mt, kind), ids(1, 3, 0), ids(1, 1, 1))
 
 
 def test_discovered_encoder_pooling_head_is_refused():
     "ModernBERT (pre-norm encoder, discovered) pools position 0 as BERT does."
     import transformers
-    from icl_book.discovery import zoo_model
+    from icl_book.experiments.discovery import zoo_model
     cfg = zoo_model("modernbert", "masked").config
     torch.manual_seed(0)
     m = transformers.ModernBertForSequenceClassification(cfg).double().eval()
@@ -371,3 +390,73 @@ def test_discovered_encoder_pooling_head_is_refused():
     with pytest.raises(ValueError, match="reads position 0"):
         with patched(m, p):
             m(x)
+
+
+@pytest.mark.parametrize("mt", ["gpt_oss", "llama4_text"])
+def test_experts_stored_in_by_out_are_exact(mt):
+    """gpt-oss (experts with biases) and Llama 4 (shared and routed experts,
+    the routed ones reading the score-scaled input) store their experts as
+    (E, in, out): refused by the self-check before (0.17, 0.027)."""
+    from icl_book.experiments.discovery import zoo_model
+    m = zoo_model(mt)
+    ad = check_model(m)
+    assert ad.family.transposed and ad.family.pattern == "moe"
+    C, x = ids(1, 5, 0, low=2), ids(1, 1, 1, low=2)
+    full = out(m, torch.cat([C, x], 1))[:, 5:]
+    p = context_patches(m, C, x)
+    assert max(p.errors) <= 1e-12
+    before = snapshot(m)
+    for inplace in (False, True):
+        with patched(m, p, inplace=inplace):
+            assert rel_err(out(m, x), full) <= 1e-10
+    assert all(torch.equal(v, before[k]) for k, v in m.state_dict().items())
+
+
+def test_readme_table_lists_every_described_family_under_its_pattern(root):
+    "The README's table of described families is checked against FAMILIES."
+    heads = {"pre-norm": "pre-norm", "post-LN": "post-LN",
+             "parallel": "parallel", "norm after the MLP": "post-norm",
+             "mixture of experts": "moe"}
+    text = (root / "README.md").read_text()
+    table = text.split("| structural pattern | families |")[1].split("\n\n")[0]
+    rows = {}
+    for line in table.splitlines()[2:]:
+        head, fams = line.strip("| ").split(" | ")[:2]
+        key = next(v for k, v in heads.items() if head.startswith(k))
+        rows.setdefault(key, set()).update(re.findall(r"`([\w-]+)`", fams))
+    for f in FAMILIES:
+        assert (f.model_type or f.name) in rows.get(f.pattern, ()), (
+            f.name, f.pattern, rows)
+
+
+@pytest.mark.parametrize("mt,join", [("cohere2_moe", "branch"),
+                                     ("flex_olmo", "post")])
+def test_moe_in_parallel_or_before_a_norm_is_exact(mt, join):
+    """Cohere 2 MoE adds its experts beside the attention (x + A + M), FLEX
+    OLMo normalises their output before the add: refused before ('an MLP
+    whose output reaches the block's output in none of the ways')."""
+    from icl_book.experiments.discovery import zoo_model
+    m = zoo_model(mt)
+    assert getattr(check_model(m).family, join)
+    C, x = ids(1, 5, 0, low=2), ids(1, 1, 1, low=2)
+    full = out(m, torch.cat([C, x], 1))[:, 5:]
+    for mode in ("rank1", "bias"):
+        e = patch_errors(m, C, x, mode)
+        assert max(e["per_layer"]) <= 1e-12 and e["output"] <= 1e-10
+    p = context_patches(m, C, x)
+    with patched(m, p, inplace=True):
+        assert rel_err(out(m, x), full) <= 1e-10
+
+
+@pytest.mark.parametrize("mt,kind", [("minicpm3", "causal"),
+                                     ("esmc", "masked")])
+def test_a_residual_scale_the_block_computes_is_read_off(mt, kind):
+    """MiniCPM3 scales its MLP output by scale_depth / sqrt(layers), ESM C
+    divides it by a scaling factor: constants of no config field (refused
+    before: 'an MLP added in none of the ways')."""
+    from icl_book.experiments.discovery import zoo_model
+    m = zoo_model(mt, kind)
+    ad = check_model(m)
+    assert isinstance(ad.family.scale, float) and ad.scale != 1
+    e = patch_errors(m, ids(1, 5, 0, low=2), ids(1, 2, 1, low=2))
+    assert max(e["per_layer"]) <= 1e-12 and e["output"] <= 1e-10

@@ -16,21 +16,18 @@ from .core import set_style
 # %% ../../nbs/11ba_hf_apply.ipynb #c03711b
 def plot_layer_errors(rows: list,  # dicts: model, dtype, layer, rel_err
                      ) -> plt.Figure:
-    "Figure: relative error per layer; a panel per model, a line per dtype."
+    "Figure: relative error per layer; a row per model, a line per dtype."
     set_style(); df = pd.DataFrame(rows)
     names = list(dict.fromkeys(df.model))
-    fig, axes = plt.subplots(1, len(names), figsize=(9, 3.6), sharey=True,
-                             squeeze=False,
-                             gridspec_kw=dict(width_ratios=[
-                                 df[df.model == n].layer.max() + 4
-                                 for n in names]))
-    for ax, name in zip(axes[0], names):
+    fig, axes = plt.subplots(len(names), 1, figsize=(6.4, 2.8 * len(names)),
+                             sharey=True, squeeze=False)
+    for ax, name in zip(axes[:, 0], names):
         for dtype, d in df[df.model == name].groupby('dtype'):
             ax.plot(d.layer, d.rel_err, marker='o', ms=3, label=dtype)
         for eps in (torch.finfo(torch.float32).eps,
                     torch.finfo(torch.float64).eps):
             ax.axhline(eps, ls=':', c='grey', lw=1)
         ax.set(yscale='log', xlabel='layer', title=name)
-    axes[0, 0].set_ylabel('relative error at the query positions')
-    axes[0, 0].legend(fontsize=8); fig.tight_layout()
+        ax.set_ylabel('relative error')
+    axes[0, 0].legend(); fig.tight_layout()
     return fig
