@@ -329,16 +329,10 @@ def test_a_figure_opens_at_full_size(book):
 # add a whole page or a pattern here.
 KNOWN = {
     # page -> table labels (first headers; the caption number is dropped)
-    "table-too-wide": {
-        "nbs/11a_families": ["pattern | first | last"],
-        "nbs/11ba_hf_apply": ["pattern | ΔW on | δ (rank1) on"],
-    },
+    "table-too-wide": {},
     "math-error": {},          # page -> the red/erroneous TeX
     "raw-tex": {},             # page -> text around the TeX outside maths
-    "uncaptioned-table": {     # page -> the table's first header cells
-        "nbs/11a_families": ["pattern | first | last"],
-        "nbs/11ba_hf_apply": ["bfloat16 | float16 | bert"],
-    },
+    "uncaptioned-table": {},   # page -> the table's first header cells
     "progress-bar": {},        # page -> the matched output text
     "making-of": {},           # page -> the phrase
     "glued-plural": {          # page -> the matched words
@@ -350,11 +344,7 @@ KNOWN = {
         "nbs/11d_compress": ["variants `lstsq_out` (2)", "variants `lstsq` (11), `lstsq_out` (5), "
                              "`lstsq_out ridge 1` (1), `lstsq r8` (1)"],
     },
-    "stderr-output": {         # page -> the start of a warning a cell printed
-        "nbs/11ab_discovery": ["[transformers] `causal_conv1d_fn` is falling bac",
-                               "[transformers] `selective_scan_fn` is falling ba"],
-        "nbs/11ba_hf_apply": ["Some parameters are on the meta device because t"],
-    },
+    "stderr-output": {},       # page -> the start of a warning a cell printed
 }
 
 
@@ -618,10 +608,7 @@ import notation_table  # noqa: E402  (tools/notation_table.py)
 # symbols the chapters use that the notation page does not list yet, and
 # symbols the notation page lists in two rows (two meanings); both must shrink
 KNOWN_UNLISTED: set = set()   # empty: a symbol used and not listed fails
-KNOWN_DOUBLE = {
-    "k",   # index of an absorbed token/example (04, 09) and the top-k of a mixture
-           # of experts (11a_families): 11a's count needs its own letter
-}
+KNOWN_DOUBLE: set = set()   # empty: a symbol in two rows of the notation page fails
 
 
 def test_notation_page_lists_every_symbol(book):
