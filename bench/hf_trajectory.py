@@ -64,6 +64,7 @@ def main(argv=None) -> list:
     p.add_argument("--no-save", action="store_true",
                    help="print only; do not append to hf_trajectory.jsonl")
     a = p.parse_args(argv)
+    commit = _commit()               # the code as loaded, before any run
     model, _ = load_pretrained("smollm2")
     rows = []
     for n in a.n:
@@ -71,7 +72,7 @@ def main(argv=None) -> list:
                                 repeats=a.repeats, seed=a.seed, model=model)
         env = " ".join(f"{k}={os.environ[k]}" for k in
                        ("OMP_NUM_THREADS", "MKL_NUM_THREADS") if k in os.environ)
-        r.update(model="SmolLM2-135M-Instruct", commit=_commit(),
+        r.update(model="SmolLM2-135M-Instruct", commit=commit,
                  command=" ".join([env, "python", *sys.argv]).strip(),
                  date=time.strftime("%Y-%m-%d"), torch=torch.__version__,
                  machine=platform.machine(), cpus=torch.get_num_threads())
