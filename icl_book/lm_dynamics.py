@@ -110,7 +110,8 @@ def _sample_check(ad, model, held: list, query_ids, mode: str) -> tuple:
     with patched(model, P), ExitStack() as st:
         for l, lay in enumerate(ad.layers):
             st.callback(lay.block.register_forward_hook(keep(l)).remove)
-        kw = {'use_cache': False} if accepts_kwarg(ad.base, 'use_cache') else {}
+        kw = ({'use_cache': False} if accepts_kwarg(ad.base, 'use_cache')
+              else {})
         ad.base(input_ids=ids, **kw)
     return tuple(rel_err(outs[l], ctx[l]['out']) for l in range(L))
 
@@ -145,7 +146,8 @@ def _free_inputs(ad, ctx: list, ids, pos) -> list:
                         *(_score_maps(lay) if one else ())):
                 st.enter_context(_skipped(mod))
         _inputs(st, ad, zs, ids.shape[0])
-        kw = {'use_cache': False} if accepts_kwarg(ad.base, 'use_cache') else {}
+        kw = ({'use_cache': False} if accepts_kwarg(ad.base, 'use_cache')
+              else {})
         ad.base(input_ids=ids, position_ids=pos, **kw)
     return zs
 

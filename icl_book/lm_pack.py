@@ -156,8 +156,9 @@ def _check_first(ad, context_ids, query_ids, ctx) -> None:
 def _outputs(st, ad, at: slice, outs: list) -> None:
     "Record each block's output at the positions `at` of a one-row run."
     for lay in ad.layers:
-        st.callback(lay.block.register_forward_hook(lambda m, a, o: outs.append(
-            output_tensor(o)[0, at].clone())).remove)
+        st.callback(lay.block.register_forward_hook(
+            lambda m, a, o: outs.append(output_tensor(o)[0, at].clone())
+        ).remove)
 
 def _probe(ad, ctx: list, ref: list) -> list:
     """The last packed copy, c_2..c_{q+1} after c_1, against the plain run of

@@ -184,7 +184,9 @@ def test_bench_hf_trajectory_small(smollm2):
     r = bench_hf_trajectory(n=16, loop_prefixes=3, model=model)
     assert r["max_rel_diff"] < 1e-5 and r["check_max_err"] < 1e-3
     assert r["open_vs_closed"] < 1e-5 and r["check_prefixes"] == 10
-    assert {"speedup", "forward_ratio", "forward_ratio_closed"} <= set(r)
+    assert {"speedup", "forward_ratio", "forward_ratio_closed", "speedup_cpu",
+            "forward_ratio_cpu", "load_before", "load_after"} <= set(r)
+    assert r["loop_timed_calls"] == 5          # prefixes 1, 8, 16: 1 + 2 + 2
 
 
 @needs_smollm2
