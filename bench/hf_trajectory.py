@@ -5,7 +5,8 @@ Runs `icl_book.experiments.lm_dynamics.bench_hf_trajectory` (SmolLM2-135M-Instru
 float32, a random prompt of n context tokens and a one-token query) for each n
 and appends one JSON line per n to bench/hf_trajectory.jsonl (chapter 11e reads
 the latest line per n), with the command, the commit and the load average.
-Timed side by side in `--repeats` interleaved rounds (medians): the one pass
+Timed side by side in `--repeats` interleaved rounds (medians; each sample
+repeats a run until it took 2 s, per call): the one pass
 as the library runs it (open loop, closed-loop self-check on prefixes 1, n and
 8 random ones: `check_max_err` is its largest layer error), the one pass with
 the closed loop on every prefix (`check='all'`), one plain forward pass over

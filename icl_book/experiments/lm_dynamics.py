@@ -89,16 +89,23 @@ def _check_bench(n, loop_prefixes, repeats) -> None:
         raise ValueError("loop_prefixes must be >= 2: the loop's time is "
                          "extrapolated from a line through its timings")
 
-def _side_by_side(runs: dict, repeats: int, extra=()) -> tuple:
-    """Median (seconds, CPU seconds) of each run, interleaved `repeats`
-    times, with the `extra` jobs spread over the rounds; last results and
-    the jobs' results."""
+def _timed(f, min_s: float) -> tuple:
+    "f's last result and (seconds, CPU s) per call, called until min_s."
+    k, t0, c0 = 0, time.perf_counter(), time.process_time()
+    while True:
+        out, k = f(), k + 1
+        dt = time.perf_counter() - t0
+        if dt >= min_s: return out, (dt / k, (time.process_time() - c0) / k)
+
+def _side_by_side(runs: dict, repeats: int, extra=(), min_s=2.) -> tuple:
+    """Median (seconds, CPU seconds) per call of each run, interleaved over
+    `repeats` rounds, each sample of at least `min_s` seconds (as timeit),
+    with the `extra` jobs spread over the rounds; last results, theirs."""
     ts, out, done = {k: [] for k in runs}, {}, []
     per = -(-len(extra) // repeats)
     for r in range(repeats):
         for k, f in runs.items():
-            t0, c0 = time.perf_counter(), time.process_time(); out[k] = f()
-            ts[k].append((time.perf_counter() - t0, time.process_time() - c0))
+            out[k], t = _timed(f, min_s); ts[k].append(t)
         done += [job() for job in extra[r * per:(r + 1) * per]]
     med = lambda v: sorted(v)[len(v) // 2]
     return {k: tuple(map(med, zip(*v))) for k, v in ts.items()}, out, done
