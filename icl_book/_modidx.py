@@ -395,6 +395,8 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                                                                                    'icl_book/experiments/lm_dynamics.py'),
                                                   'icl_book.experiments.lm_dynamics._side_by_side': ( 'lm_dynamics.html#_side_by_side',
                                                                                                       'icl_book/experiments/lm_dynamics.py'),
+                                                  'icl_book.experiments.lm_dynamics._timed': ( 'lm_dynamics.html#_timed',
+                                                                                               'icl_book/experiments/lm_dynamics.py'),
                                                   'icl_book.experiments.lm_dynamics._tokens': ( 'lm_dynamics.html#_tokens',
                                                                                                 'icl_book/experiments/lm_dynamics.py'),
                                                   'icl_book.experiments.lm_dynamics.bench_hf_trajectory': ( 'lm_dynamics.html#bench_hf_trajectory',
