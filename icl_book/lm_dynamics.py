@@ -4,142 +4,24 @@
 
 # %% ../nbs/11e_lm_dynamics.ipynb #c00211e
 from __future__ import annotations
-import math, weakref
+import weakref
 from contextlib import ExitStack, contextmanager
 from typing import Optional
 import torch
 from .core import rel_err
 from .blocks import RankOne
-from .deep import PATCH_MODES
 from .families import linear_weight
 from .hf_checks import (HFPatch, LayerPatch, check_ids,
                                 check_length, check_model)
-from .hf_patch import (
-    SELF_CHECK_TOL, accepts_kwarg, closed_loop_pass, context_patches,
-    model_dtype, output_tensor, refuse_mismatch, with_context_pass)
+from .hf_patch import (accepts_kwarg, closed_loop_pass,
+                               context_patches, output_tensor,
+                               refuse_mismatch)
 from .hf_apply import patched
+from .lm_pack import (_check_prefix_model, _chunk_size, _code_window,
+                              _packed_chunk)
 
 # %% auto #0
 __all__ = ['PARTS', 'prefix_patches', 'default_part', 'prefix_updates', 'token_updates_loop', 'token_updates']
-
-# %% ../nbs/11e_lm_dynamics.ipynb #c00511e
-def _window(ad, model) -> tuple:
-    "(w, per-layer kinds): the sliding window (or None) and layer types."
-    cfg, L = model.config, len(ad.layers)
-    win = (getattr(cfg, 'sliding_window', None) if getattr(
-        cfg, 'use_sliding_window', True) is not False else None)
-    kinds = list(getattr(cfg, 'layer_types', None) or
-                 ['sliding_attention' if win else 'full_attention'] * L)
-    return (win if 'sliding_attention' in kinds else None), kinds
-
-def _check_prefix_model(ad, model, n: int, q: int, mode: str) -> None:
-    "Refuse what the one-pass construction does not describe."
-    cfg = model.config
-    if mode not in PATCH_MODES:
-        raise ValueError(f"mode must be one of {PATCH_MODES}, got {mode!r}")
-    if ad.family.pattern == 'post-LN' or getattr(cfg, 'is_encoder_decoder',
-                                                  False):
-        raise TypeError(
-            f"the {ad.name} attends in both directions, so its context "
-            "states depend on later tokens and no single pass gives every "
-            "prefix's patches: call context_patches once per prefix")
-    if not accepts_kwarg(ad.base, 'position_ids'):
-        raise TypeError(
-            f"the {ad.name} takes no position_ids, which the one pass needs "
-            "to place each query copy after its prefix: use "
-            "token_updates(..., method='loop')")
-    local = 'local' in (getattr(cfg, 'attention_layers', None) or ())
-    if local and n + q > getattr(cfg, 'window_size', n + q):
-        raise ValueError(
-            f"the {ad.name}'s local layers apply their window of "
-            f"{cfg.window_size} tokens in code, not through the mask, and "
-            f"the prompt has {n + q}: shorten it or use method='loop'")
-
-# %% ../nbs/11e_lm_dynamics.ipynb #c00512e
-def _pack_mask(n: int, lo: int, m: int, q: int, dtype, device,
-               window: Optional[int] = None):
-    "Additive mask (1, 1, m q, n + m q): copy k sees c_1..lo+k and itself."
-    i = torch.arange(lo, lo + m, device=device).repeat_interleave(q)
-    t = torch.arange(q, device=device).repeat(m)              # (m q,)
-    k = torch.arange(m, device=device).repeat_interleave(q)
-    j = torch.arange(n, device=device)[None]
-    see_c = j < i[:, None]                                     # (mq, n)
-    see_q = (k[:, None] == k[None]) & (t[None] <= t[:, None])  # (mq, mq)
-    if window is not None:            # the key within `window` positions
-        see_c &= (i + t)[:, None] - j < window
-        see_q &= t[:, None] - t[None] < window
-    ok = torch.cat([see_c, see_q], 1)
-    return torch.zeros(ok.shape, dtype=dtype, device=device).masked_fill(
-        ~ok, torch.finfo(dtype).min)[None, None]
-
-# %% ../nbs/11e_lm_dynamics.ipynb #c00911e
-_BUDGET = 2 ** 25          # numbers held per chunk (factors, scores)
-
-def _chunk_size(ad, n: int, q: int) -> int:
-    "Prefixes per batched pass, so factors and scores stay under _BUDGET."
-    size = lambda w: w.shape[:-1].numel() + w.shape[-1]   # u and v of a map
-    per = q * sum(size(getattr(m, 'weight', m)) for lay in ad.layers for m in
-                  (*lay.first, *(lay.last if lay.moe is not None
-                                 else (lay.last,))))
-    return max(1, min(n, _BUDGET // max(per, q * (n + q))))
-
-def _check_first(ad, context_ids, query_ids, ctx) -> None:
-    "The first copy must match a plain run of [c_1, query]."
-    ref = with_context_pass(ad, torch.cat([context_ids[:, :1], query_ids], 1),
-                        None, 1)
-    err = max(rel_err(c['out'][:1], r['out']) for c, r in zip(ctx, ref))
-    if not err <= SELF_CHECK_TOL.get(model_dtype(ad), 0.05):
-        raise ValueError(
-            f"the one-pass run of the {ad.name} does not reproduce a plain "
-            f"run of the first prefix (relative error {err:.1e}): it ignores the"
-            " custom 4-D attention mask or the position ids: use method='loop'")
-
-# %% ../nbs/11e_lm_dynamics.ipynb #c01011e
-def _packed_mask(ad, model, n: int, lo: int, m: int, q: int, dt, dev):
-    "The copies' mask: one tensor, or one per layer kind if windows cut."
-    win, kinds = _window(ad, model)
-    full = _pack_mask(n, lo, m, q, dt, dev)
-    if win is None or n + q <= win: return full    # no window cuts
-    slide = _pack_mask(n, lo, m, q, dt, dev, win)
-    if set(kinds) == {'sliding_attention'}: return slide
-    return {'full_attention': full, 'sliding_attention': slide}
-
-@contextmanager
-def _alibi(ad, mask, keypos):
-    """Falcon's ALiBi at each packed key's own position: the blocks get it
-    (and the mask) by a hook; the model itself gets a 2-D mask of ones."""
-    if ad.family.name != 'falcon' or not getattr(ad.base.config, 'alibi',
-                                                 False):
-        yield None; return
-    from transformers.models.falcon.modeling_falcon import build_alibi_tensor
-    cfg, dev = ad.base.config, keypos.device
-    H, dt = cfg.num_attention_heads, mask.dtype
-    s = build_alibi_tensor(torch.ones(1, 2, dtype=torch.long, device=dev),
-                           H, torch.float32)[:, 0, 1]   # bfloat16 slopes
-    al = (s.bfloat16()[:, None] * keypos[None]).to(dt)[:, None]  # (H,1,L)
-    am = (al[None] / math.sqrt(cfg.hidden_size // H)).masked_fill(
-        mask < -1, torch.finfo(dt).min)         # as FalconModel builds it
-    hook = lambda m, a, kw: (a, {**kw, 'alibi': al, 'attention_mask': am})
-    with ExitStack() as st:
-        for lay in ad.layers:
-            st.callback(lay.block.register_forward_pre_hook(
-                hook, with_kwargs=True).remove)
-        yield torch.ones(1, keypos.numel(), dtype=torch.long, device=dev)
-
-# %% ../nbs/11e_lm_dynamics.ipynb #c01011x
-def _packed(ad, model, cache, key: str, ids, pos, n: int, lo: int) -> list:
-    "With-context records (m, q, ·) of the m query copies after the cache."
-    (m, q), dev = ids.shape, ids.device
-    mask = _packed_mask(ad, model, n, lo, m, q, model_dtype(ad), dev)
-    keypos = torch.cat([torch.arange(n, device=dev), pos.reshape(-1)])
-    with _alibi(ad, mask, keypos) as ones:
-        ctx = with_context_pass(
-            ad, ids.reshape(1, m * q), mask if ones is None else ones, 0,
-            use_cache=True, position_ids=pos.reshape(1, m * q),
-            **{key: cache})
-    cache.crop(-m * q)                              # drop the copies
-    return [{k: v.reshape(m, q, v.shape[-1]) for k, v in c.items()}
-            for c in ctx]
 
 # %% ../nbs/11e_lm_dynamics.ipynb #c01012e
 @contextmanager
@@ -172,25 +54,19 @@ def _open_loop(ad, ctx: list, ids, pos, mode: str) -> list:
     return layers
 
 # %% ../nbs/11e_lm_dynamics.ipynb #c01013e
-def _sample_check(ad, model, held: list, query_ids, mode: str) -> tuple:
-    """The closed-loop self-check of the held rows (ctx, pos) of every chunk
-    in one batch: their open-loop patches on the query alone, per layer the
-    largest relative error against the with-context output."""
-    ctx = [{k: torch.cat([h[0][l][k] for h in held]) for k in c}
-           for l, c in enumerate(held[0][0])]
-    pos = torch.cat([h[1] for h in held])
-    ids = query_ids.expand(pos.shape[0], -1)
-    P = HFPatch(tuple(_open_loop(ad, ctx, ids, pos, mode)), 0, mode, ad.name,
-                ad.family.name, ids, pos, None, (), weakref.ref(ad.base))
-    outs = {}                          # the hook records, returns None
-    keep = lambda l: lambda m, a, o: outs.__setitem__(l, output_tensor(o))
-    with patched(model, P), ExitStack() as st:
-        for l, lay in enumerate(ad.layers):
-            st.callback(lay.block.register_forward_hook(keep(l)).remove)
-        kw = {'use_cache': False} if accepts_kwarg(ad.base, 'use_cache') else {}
-        ad.base(input_ids=ids, **kw)
-    return tuple(max(rel_err(outs[l][k], ctx[l]['out'][k])
-                     for k in range(len(ids))) for l in range(len(outs)))
+def _rows(lp: LayerPatch, rows) -> LayerPatch:
+    "The rows (prefixes) `rows` of a layer's patch."
+    pick = lambda r: None if r is None else (
+        RankOne(r.u[rows], r.v[rows]) if isinstance(r, RankOne) else r[rows])
+    return LayerPatch(tuple(map(pick, lp.dW)), *map(pick, lp[1:]))
+
+def _held(ctx: list, pos, layers, rows: list, fast: bool) -> list:
+    "[(with-context records, positions, open loop)] of the checked rows."
+    if not rows: return []
+    kept = ([[z[rows] for z in zs] for zs in layers[1]] if fast
+            else [_rows(lp, rows) for lp in layers])
+    return [([{k: v[rows] for k, v in c.items()} for c in ctx], pos[rows],
+             kept)]
 
 def _sample(n: int, check, seed: int) -> Optional[list]:
     "Prefix lengths the self-check runs on: 1, n and `check` random ones."
@@ -202,6 +78,43 @@ def _sample(n: int, check, seed: int) -> Optional[list]:
     mid = (torch.randperm(max(n - 2, 0), generator=g)[:check] + 2).tolist()
     return sorted({1, n, *mid})
 
+# %% ../nbs/11e_lm_dynamics.ipynb #c01013g
+def _v_err(z: torch.Tensor, r: RankOne) -> float:
+    "Relative error of the open loop's v = z / ||z||² against r.v's last."
+    v = r.v[:, -1]
+    z = z.to(v.dtype)
+    return rel_err(z / (z * z).sum(-1, keepdim=True), v)
+
+def _sample_check(ad, model, held: list, query_ids, mode: str) -> tuple:
+    """The closed-loop self-check of the held rows of every chunk, in one
+    batch; per layer the largest relative error. Open-loop patches run
+    patched in closed loop against the with-context outputs; open-loop
+    first-map inputs z (the steps' fast path): the closed loop runs, and
+    its own first-map inputs must equal them."""
+    ctx = [{k: torch.cat([h[0][l][k] for h in held]) for k in c}
+           for l, c in enumerate(held[0][0])]
+    pos = torch.cat([h[1] for h in held])
+    ids, L, op = query_ids.expand(len(pos), -1), len(ctx), [h[2] for h in held]
+    if not isinstance(op[0][0], LayerPatch):         # inputs z, per map
+        lays, errs = closed_loop_pass(ad, ctx, ids, None, pos, mode)
+        return tuple(max(errs[l], *(_v_err(torch.cat([o[l][j] for o in op]),
+                                           r) for j, r in
+                                    enumerate(lays[l].dW))) for l in range(L))
+    lays = tuple(LayerPatch(tuple(map(_cat, zip(*(o[l].dW for o in op)))),
+                            *(_cat([o[l][f] for o in op]) for f in (1, 2, 3)))
+                 for l in range(L))
+    P = HFPatch(lays, 0, mode, ad.name, ad.family.name, ids, pos, None, (),
+                weakref.ref(ad.base))
+    outs = {}                          # the hook records, returns None
+    keep = lambda l: lambda m, a, o: outs.__setitem__(l, output_tensor(o))
+    with patched(model, P), ExitStack() as st:
+        for l, lay in enumerate(ad.layers):
+            st.callback(lay.block.register_forward_hook(keep(l)).remove)
+        kw = ({'use_cache': False} if accepts_kwarg(ad.base, 'use_cache')
+              else {})
+        ad.base(input_ids=ids, **kw)
+    return tuple(rel_err(outs[l], ctx[l]['out']) for l in range(L))
+
 # %% ../nbs/11e_lm_dynamics.ipynb #c01013f
 def _inputs(st, ad, zs: list, m: int) -> None:
     "Record each first map's input at the query's last token: zs[l] (m, d)."
@@ -210,31 +123,44 @@ def _inputs(st, ad, zs: list, m: int) -> None:
             st.callback(mod.register_forward_pre_hook(lambda _, a, l=l: zs[
                 l].append(a[0].reshape(m, -1, a[0].shape[-1])[:, -1])).remove)
 
+def _score_maps(lay) -> list:
+    """The query and key maps of a block's attention, where they are
+    separate linear maps (and no attention sink joins the softmax)."""
+    att = [m for m in lay.block.modules() if hasattr(m, 'q_proj')]
+    if len(att) != 1 or any('sink' in n for n, _ in att[0].named_parameters()):
+        return []
+    return [m for m in (att[0].q_proj, getattr(att[0], 'k_proj', None))
+            if isinstance(m, torch.nn.Linear)]
+
 def _free_inputs(ad, ctx: list, ids, pos) -> list:
     """The query alone in open loop, each block fed its with-context input
-    and the MLP's matrices skipped: per layer its first maps' inputs."""
-    zs = [[] for _ in ad.layers]
+    and the MLP's matrices skipped: per layer its first maps' inputs. A
+    one-token query attends to itself alone, with weight 1 whatever its
+    score: its query and key maps are skipped too."""
+    zs, one = [[] for _ in ad.layers], ids.shape[1] == 1
     with torch.no_grad(), ExitStack() as st:
         for l, lay in enumerate(ad.layers):
             if l: st.callback(lay.block.register_forward_pre_hook(
                 _feed(ctx[l - 1]['out']), with_kwargs=True).remove)
-            for mod in (*lay.first, lay.last):
+            for mod in (*lay.first, lay.last,
+                        *(_score_maps(lay) if one else ())):
                 st.enter_context(_skipped(mod))
         _inputs(st, ad, zs, ids.shape[0])
-        kw = {'use_cache': False} if accepts_kwarg(ad.base, 'use_cache') else {}
+        kw = ({'use_cache': False} if accepts_kwarg(ad.base, 'use_cache')
+              else {})
         ad.base(input_ids=ids, position_ids=pos, **kw)
     return zs
 
-
 # %% ../nbs/11e_lm_dynamics.ipynb #c01014d
-def _setup(model, context_ids, query_ids, mode, chunk, check, seed) -> tuple:
+def _setup(model, context_ids, query_ids, mode, chunk, check, seed,
+           ad=None) -> tuple:
     "Refuse what the one pass cannot take; (adapter, n, q, sample, chunk)."
     if (isinstance(context_ids, torch.Tensor) and context_ids.dim() == 2
             and context_ids.shape[0] != 1):
         raise ValueError(
             f"the one-pass patches take one sequence, context_ids (1, n); "
             f"got a batch of {context_ids.shape[0]}: loop over sequences")
-    ad = check_model(model)
+    ad = check_model(model) if ad is None else ad
     check_ids(ad, model, context_ids=context_ids, query_ids=query_ids)
     n, q = context_ids.shape[1], query_ids.shape[1]
     check_length(model, ad, n, q)
@@ -243,33 +169,29 @@ def _setup(model, context_ids, query_ids, mode, chunk, check, seed) -> tuple:
     if chunk is None: chunk = _chunk_size(ad, n, q)
     if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
         raise ValueError(f"chunk must be a positive integer, got {chunk!r}")
+    if (win := _code_window(model)) is not None:   # cache + copies fit
+        chunk = min(chunk, max(1, (win - n) // q))
     return ad, n, q, sample, chunk
-
 
 # %% ../nbs/11e_lm_dynamics.ipynb #c01014e
 def _prefix_chunks(model, context_ids, query_ids, mode: str = 'rank1',
                    chunk: Optional[int] = None, check=8, seed: int = 0,
-                   fast: bool = False):
+                   fast: bool = False, ad=None):
     """Yield (lo, layers, errors): patches of prefixes c_1..lo+m-1 (`fast`:
     the first maps' inputs with context and alone); then, in open loop,
     (None, None, errors) of the sampled closed-loop check."""
     ad, n, q, sample, chunk = _setup(model, context_ids, query_ids, mode,
-                                     chunk, check, seed)
+                                     chunk, check, seed, ad)
     from transformers import DynamicCache     # every layer keeps every key
     key = 'cache' if accepts_kwarg(ad.base, 'cache') else 'past_key_values'
-    dev, cache, held = query_ids.device, DynamicCache(), []
-    fast = fast and sample is not None
+    cache, held, fast = DynamicCache(), [], fast and sample is not None
     with torch.no_grad():
         for lo in range(1, n + 1, chunk):         # the cache grows by chunks
-            m = min(chunk, n + 1 - lo); end = lo + m - 1   # keys it needs
-            ad.base(input_ids=context_ids[:, cache.get_seq_length():end],
-                    use_cache=True, **{key: cache})
-            pos = torch.arange(lo, end + q, device=dev).unfold(0, q, 1)
-            ids, zc = query_ids.expand(m, q), [[] for _ in ad.layers]
-            with ExitStack() as st:
-                if fast: _inputs(st, ad, zc, m)
-                ctx = _packed(ad, model, cache, key, ids, pos, end, lo)
-            if lo == 1: _check_first(ad, context_ids, query_ids, ctx)
+            m, zc = min(chunk, n + 1 - lo), [[] for _ in ad.layers]
+            ctx, ids, pos = _packed_chunk(
+                ad, model, cache, key, context_ids, query_ids, lo, m,
+                (lambda st, r: _inputs(st, ad, zc, r)) if fast else None)
+            zc = [[z[:m] for z in zs] for zs in zc]     # without the probe
             rows = [i - lo for i in sample or () if lo <= i < lo + m]
             if sample is None:                  # the closed loop, every copy
                 layers, errs = closed_loop_pass(ad, ctx, ids, None, pos,
@@ -277,14 +199,12 @@ def _prefix_chunks(model, context_ids, query_ids, mode: str = 'rank1',
             else:                       # open loop; rows checked at the end
                 layers, errs = ((zc, _free_inputs(ad, ctx, ids, pos)) if fast
                                 else _open_loop(ad, ctx, ids, pos, mode)), None
-                held += [([{k: v[rows] for k, v in c.items()} for c in ctx],
-                          pos[rows])] if rows else []
+                held += _held(ctx, pos, layers, rows, fast)
             if errs: refuse_mismatch(ad, errs)
             yield lo, layers, errs or None
         if held:                                # open loop: (None, None, e)
             errs = _sample_check(ad, model, held, query_ids, mode)
             refuse_mismatch(ad, errs); yield None, None, errs
-
 
 # %% ../nbs/11e_lm_dynamics.ipynb #c01211e
 def _cat(xs):
@@ -307,12 +227,12 @@ def prefix_patches(
     """The patches of every prefix c_1..i in one pass: row i-1 of (n, q).
     Open loop, checked in closed loop on prefixes 1, n and `check` random
     ones (`seed`) or all (check='all'); `errors`: its largest, per layer."""
-    parts, errs = [], []
+    parts, errs, ad = [], [], check_model(model)
     for _, layers, e in _prefix_chunks(model, context_ids, query_ids, mode,
-                                       chunk, check, seed):
+                                       chunk, check, seed, ad=ad):
         if layers is not None: parts.append(layers)
         errs += [e] if e else []
-    ad, (n, q) = check_model(model), (*context_ids.shape[1:], *query_ids.shape[1:])
+    n, q = context_ids.shape[1], query_ids.shape[1]
     layers = tuple(LayerPatch(
         tuple(map(_cat, zip(*(p[l].dW for p in parts)))),
         *(_cat([p[l][f] for p in parts]) for f in (1, 2, 3)))
@@ -431,7 +351,7 @@ def prefix_updates(
     fast = part == 'first' and ad.family.moe is None and ad.family.post is None
     for _, layers, e in _prefix_chunks(model, context_ids, query_ids,
                                        chunk=chunk, check=check, seed=seed,
-                                       fast=fast):
+                                       fast=fast, ad=ad):
         errs += [e] if e else []
         if layers is None: continue                # fast: the check's errors
         if fast and check != 'all':                # from the maps' inputs

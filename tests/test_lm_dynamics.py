@@ -184,7 +184,9 @@ def test_bench_hf_trajectory_small(smollm2):
     r = bench_hf_trajectory(n=16, loop_prefixes=3, model=model)
     assert r["max_rel_diff"] < 1e-5 and r["check_max_err"] < 1e-3
     assert r["open_vs_closed"] < 1e-5 and r["check_prefixes"] == 10
-    assert {"speedup", "forward_ratio", "forward_ratio_closed"} <= set(r)
+    assert {"speedup", "forward_ratio", "forward_ratio_closed", "speedup_cpu",
+            "forward_ratio_cpu", "load_before", "load_after"} <= set(r)
+    assert r["loop_timed_calls"] == 5          # prefixes 1, 8, 16: 1 + 2 + 2
 
 
 @needs_smollm2
@@ -213,3 +215,68 @@ def test_token_steps_follow_a_weight_written_in_place():
     after = prefix_updates(m, C, x)
     assert rel_err(after, token_updates_loop(m, C, x)) < 1e-10
     assert rel_err(after[:, 0], before[:, 0]) > 1e-3  # the step moved
+
+
+def _drop(key):
+    "A pre-hook on the base model dropping keyword `key` of packed calls."
+    def hook(mod, args, kw):
+        if kw.get("input_ids") is not None and kw.get(
+                "position_ids") is not None and kw.get("attention_mask") \
+                is not None:
+            return args, {k: v for k, v in kw.items() if k != key}
+        return None
+    return hook
+
+
+@pytest.mark.parametrize("key", ["attention_mask", "position_ids"])
+def test_a_model_ignoring_the_mask_or_positions_is_refused(key):
+    """The first chunk's probe copy (c_2..c_{q+1} after c_1, against the
+    plain run of the context) catches it; a first chunk of at most q
+    prefixes has no probe and is checked by a plain run of [c_1, x]."""
+    m = tiny_model("llama", "float64", seed=4)
+    C, x = random_ids(1, 9, 5, low=2), random_ids(1, 2, 6, low=2)
+    U = prefix_updates(m, C, x)
+    handle = m.model.register_forward_pre_hook(_drop(key), with_kwargs=True)
+    try:
+        for kw in (dict(check=0), dict(check="all"), dict(chunk=3),
+                   dict(chunk=2), dict(chunk=2, check="all")):
+            with pytest.raises(ValueError, match="plain run of the first"):
+                prefix_updates(m, C, x, **kw)
+        with pytest.raises(ValueError, match="plain run of the first"):
+            prefix_patches(m, C, x)
+        # one copy per chunk sees the whole cache, at the cache's length:
+        # neither the mask nor the positions matter, and none is refused
+        assert rel_err(prefix_updates(m, C, x, chunk=1), U) < 1e-10
+    finally:
+        handle.remove()
+    assert torch.equal(prefix_updates(m, C, x), U)
+
+
+def test_the_sampled_check_compares_the_open_loop_with_the_closed_loop():
+    """A change of a block's input in the query-alone runs, which the open
+    loop overwrites with the with-context input but the closed loop absorbs
+    into its patches, is refused by the sampled check (the inputs differ);
+    the closed loop on every prefix, which never feeds, accepts it."""
+    m = tiny_model("llama", "float64", seed=4)
+    C, x = random_ids(1, 9, 5, low=2), random_ids(1, 1, 6, low=2)
+
+    def nudge(mod, a, kw):             # only in batched runs of the copies
+        h = a[0] if a else kw["hidden_states"]
+        if h.shape[0] == 1:
+            return None
+        if a:
+            return (h + 1e-3, *a[1:]), kw
+        return a, {**kw, "hidden_states": h + 1e-3}
+
+    handle = m.model.layers[1].register_forward_pre_hook(nudge,
+                                                          with_kwargs=True)
+    try:
+        for check in (0, 8):
+            with pytest.raises(ValueError, match="self-check failed"):
+                prefix_updates(m, C, x, check=check)          # fast path
+            with pytest.raises(ValueError, match="self-check failed"):
+                prefix_patches(m, C, x, check=check)
+        U, errs = prefix_updates(m, C, x, check="all", return_errors=True)
+        assert max(errs) < 1e-10
+    finally:
+        handle.remove()

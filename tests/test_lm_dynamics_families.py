@@ -187,3 +187,29 @@ def test_the_sampled_check_refuses_a_stream_the_open_loop_misses():
     finally:
         handle.remove()
     assert torch.equal(prefix_updates(m, C, x), U)
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3", "gemma", "opt", "gpt_neo",
+                                  "starcoder2", "stablelm", "gpt2"])
+def test_one_token_query_skips_the_score_maps_and_equals_the_loop(arch):
+    """A one-token query alone attends to itself with weight 1: the query
+    and key maps give zeros in the open loop of the copies alone (a batch of
+    n rows of one token) where they are separate maps, and the steps still
+    equal the loop's. (Parallel blocks' first maps read the block's input:
+    no attention before them.)"""
+    m = tiny_model(arch, "float64", seed=3)
+    C, x = random_ids(1, 6, 2, low=2), random_ids(1, 1, 3, low=2)
+    seen = []                                  # (batch, q_proj output max)
+    for name, mod in m.named_modules():
+        if name.endswith((".q_proj", ".k_proj")):
+            mod.register_forward_hook(lambda md, a, o: seen.append(
+                (o.shape[0], o.abs().max().item())))
+    U0 = loop_steps(m, C, x, "first")        # (GPT-Neo's window: 8 tokens)
+    seen.clear()
+    U1, errs = prefix_updates(m, C, x, part="first", check=0,
+                              return_errors=True)    # checks 2 prefixes
+    assert rel_err(U1, U0) < 1e-10 and U0.min() > 1e-6, arch
+    assert max(errs) < 1e-10
+    skipped = [b for b, mx in seen if mx == 0.]   # the copies alone only
+    assert bool(skipped) == (arch != "gpt2"), arch    # GPT-2: fused c_attn
+    assert sum(skipped) == 2 * 6 * len(adapter(m).layers) * (arch != "gpt2")

@@ -8,7 +8,7 @@ from __future__ import annotations
 __all__ = ['PROMPT_KINDS', 'PASSAGE', 'plot_token_updates', 'bench_hf_trajectory', 'convergence_prompt', 'readme_prose', 'layer_summary', 'log_bins']
 
 # %% ../../nbs/11e_lm_dynamics.ipynb #c00212e
-import math, re, time
+import math, os, re, time
 from typing import Optional
 import matplotlib.pyplot as plt
 import torch
@@ -44,40 +44,39 @@ def plot_token_updates(U: torch.Tensor,  # steps (n, L), from token_updates
 
 # %% ../../nbs/11e_lm_dynamics.ipynb #c02611e
 def _loop_step(model, C, x, i: int, part: str, prev=None) -> tuple:
-    "The loop's step (L,) at prefix i, its factors, and (length, seconds)."
-    t0 = time.perf_counter()
+    "The loop's step (L,) at prefix i, its factors, (i, seconds, CPU s)."
+    t0, c0 = time.perf_counter(), time.process_time()
     p = context_patches(model, C[:, :i], x)
-    dt, ad = time.perf_counter() - t0, check_model(model)
+    dt, dc = time.perf_counter() - t0, time.process_time() - c0
+    ad = check_model(model)
     now = [_factors(ad, l, lp, part) for l, lp in enumerate(p.layers)]
     if prev is None:
         prev = [[RankOne(torch.zeros_like(r.u), r.v) for r in ps]
                 for ps in now]
     step = torch.stack([_steps(a, b)[0] for a, b in zip(now, prev)])
-    return step, now, (i, dt)
+    return step, now, (i, dt, dc)
 
-def _loop_time(model, C, x, U, n: int, k: int) -> tuple:
-    "The loop's time extrapolated from k prefixes, and its largest diff."
-    part, pts, diffs = default_part(check_model(model)), [], []
-    for i in sorted({round(1 + j * (n - 1) / (k - 1)) for j in range(k)}):
-        prev = None
+def _loop_jobs(model, C, x, n: int, k: int) -> list:
+    """The loop timed at k prefix lengths i in 1..n, one job each: its calls
+    at i - 1 and i, timed; (timings, i, the loop's step at i)."""
+    part = default_part(check_model(model))
+    def job(i):
+        pts, prev = [], None
         if i > 1:
             _, prev, t = _loop_step(model, C, x, i - 1, part); pts.append(t)
         step, _, t = _loop_step(model, C, x, i, part, prev); pts.append(t)
-        diffs.append(rel_err(U[i - 1], step))
-    L_, T_ = (torch.tensor(v, dtype=torch.float64) for v in zip(*pts))
+        return pts, i, step
+    return [lambda i=i: job(i) for i in
+            sorted({round(1 + j * (n - 1) / (k - 1)) for j in range(k)})]
+
+def _extrapolate(pts: list, n: int, col: int) -> tuple:
+    "The loop's time over i = 1..n from a line t(i) = a + b i; (total, b)."
+    L_ = torch.tensor([p[0] for p in pts], dtype=torch.float64)
+    T_ = torch.tensor([p[col] for p in pts], dtype=torch.float64)
     b = ((L_ - L_.mean()) * (T_ - T_.mean())).sum() / (
         (L_ - L_.mean()) ** 2).sum()
     a = T_.mean() - b * L_.mean()
-    return (n * a + b * n * (n + 1) / 2).item(), len(pts), a, b, max(diffs)
-
-def _side_by_side(runs: dict, repeats: int) -> tuple:
-    "Median seconds of each run, interleaved `repeats` times; last results."
-    ts, out = {k: [] for k in runs}, {}
-    for _ in range(repeats):
-        for k, f in runs.items():
-            t0 = time.perf_counter(); out[k] = f()
-            ts[k].append(time.perf_counter() - t0)
-    return [sorted(v)[len(v) // 2] for v in ts.values()], out
+    return (n * a + b * n * (n + 1) / 2).item(), b.item()
 
 # %% ../../nbs/11e_lm_dynamics.ipynb #c02612e
 def _check_bench(n, loop_prefixes, repeats) -> None:
@@ -90,6 +89,44 @@ def _check_bench(n, loop_prefixes, repeats) -> None:
         raise ValueError("loop_prefixes must be >= 2: the loop's time is "
                          "extrapolated from a line through its timings")
 
+def _timed(f, min_s: float) -> tuple:
+    "f's last result and (seconds, CPU s) per call, called until min_s."
+    k, t0, c0 = 0, time.perf_counter(), time.process_time()
+    while True:
+        out, k = f(), k + 1
+        dt = time.perf_counter() - t0
+        if dt >= min_s: return out, (dt / k, (time.process_time() - c0) / k)
+
+def _side_by_side(runs: dict, repeats: int, extra=(), min_s=2.) -> tuple:
+    """Median (seconds, CPU seconds) per call of each run, interleaved over
+    `repeats` rounds, each sample of at least `min_s` seconds (as timeit),
+    with the `extra` jobs spread over the rounds; last results, theirs."""
+    ts, out, done = {k: [] for k in runs}, {}, []
+    per = -(-len(extra) // repeats)
+    for r in range(repeats):
+        for k, f in runs.items():
+            out[k], t = _timed(f, min_s); ts[k].append(t)
+        done += [job() for job in extra[r * per:(r + 1) * per]]
+    med = lambda v: sorted(v)[len(v) // 2]
+    return {k: tuple(map(med, zip(*v))) for k, v in ts.items()}, out, done
+
+# %% ../../nbs/11e_lm_dynamics.ipynb #c02612f
+def _bench_row(t: dict, done: list, U, n: int) -> dict:
+    "Timing columns: medians, the loop extrapolated, ratios, the loop's diff."
+    pts = [p for ps, _, _ in done for p in ps]
+    (loop, b), (loop_c, _) = (_extrapolate(pts, n, c) for c in (1, 2))
+    (one, one_c), (closed, _), (fwd, fwd_c) = t['one'], t['closed'], t['fwd']
+    diff = max(rel_err(U[i - 1], step) for _, i, step in done)
+    return dict(onepass_s=round(one, 4), closed_s=round(closed, 4),
+                forward_s=round(fwd, 4), loop_s=round(loop, 2),
+                loop_timed_calls=len(pts), loop_s_per_token=round(b, 7),
+                speedup=round(loop / one, 1),
+                forward_ratio=round(one / fwd, 2),
+                forward_ratio_closed=round(closed / fwd, 2),
+                speedup_cpu=round(loop_c / one_c, 1),
+                forward_ratio_cpu=round(one_c / fwd_c, 2),
+                max_rel_diff=float(f"{diff:.2e}"))
+
 # %% ../../nbs/11e_lm_dynamics.ipynb #c02613e
 def bench_hf_trajectory(
         n: int = 512,  # context tokens
@@ -100,7 +137,7 @@ def bench_hf_trajectory(
         check: int = 8,  # random prefixes self-checked
 ) -> dict:
     """One pass (open loop, `check` sampled) vs the closed loop on every
-    prefix vs the loop of context_patches vs one forward, side by side."""
+    prefix vs the loop of context_patches vs one forward, interleaved."""
     _check_bench(n, loop_prefixes, repeats)
     name = 'SmolLM2-135M-Instruct' if model is None else type(model).__name__
     if model is None: model, _ = load_pretrained('smollm2')
@@ -114,21 +151,18 @@ def bench_hf_trajectory(
                 closed=lambda: prefix_updates(model, C, x, check='all'),
                 fwd=torch.no_grad()(lambda: model(ids)))
     prefix_updates(model, C[:, :4], x); runs['fwd']()      # warm-up
-    (one, closed, fwd), out = _side_by_side(runs, repeats)
+    load = os.getloadavg()[0]
+    t, out, done = _side_by_side(runs, repeats, _loop_jobs(
+        model, C, x, n, loop_prefixes))
     (U, errs), U_all = out['one'], out['closed']
-    loop, calls, a, b, diff = _loop_time(model, C, x, U, n, loop_prefixes)
     return dict(model=name, n=n, query=1, repeats=repeats,
-                threads=torch.get_num_threads(), check_prefixes=len(
-                    _sample(n, check, seed)), onepass_s=round(one, 4),
-                closed_s=round(closed, 4), forward_s=round(fwd, 4),
-                loop_s=round(loop, 2), loop_timed_calls=calls,
-                loop_s_per_token=round(b.item(), 7),
-                speedup=round(loop / one, 1),
-                forward_ratio=round(one / fwd, 2),
-                forward_ratio_closed=round(closed / fwd, 2),
+                threads=torch.get_num_threads(),
+                check_prefixes=len(_sample(n, check, seed)),
+                **_bench_row(t, done, U, n),
                 check_max_err=float(f"{max(errs):.2e}"),
                 open_vs_closed=float(f"{rel_err(U, U_all):.2e}"),
-                max_rel_diff=float(f"{diff:.2e}"))
+                load_before=round(load, 2),
+                load_after=round(os.getloadavg()[0], 2))
 
 # %% ../../nbs/11e_lm_dynamics.ipynb #c03111e
 PROMPT_KINDS = ('prose', 'few-shot', 'repeated', 'random')
