@@ -10,6 +10,7 @@ from typing import Optional
 import torch
 from .core import rel_err
 from .deep import PATCH_MODES
+from .discovery import _encoder, _probe_ids
 from .hf_patch import (SELF_CHECK_TOL, accepts_kwarg, model_dtype,
                                output_tensor, with_context_pass)
 
@@ -64,18 +65,53 @@ def _packed_mask(ad, model, n: int, i, q: int, dt, dev):
     if set(kinds) == {'sliding_attention'}: return slide
     return {'full_attention': full, 'sliding_attention': slide}
 
+# %% ../nbs/11da_lm_pack.ipynb #c00951da
+def _recurrent(model) -> Optional[str]:
+    """Why the model keeps a state that runs through the tokens in order
+    (convolution, state-space or linear-attention mixers), or None: the
+    layers transformers' own cache gives such a state, or the model's flag
+    that its cache cannot be rolled back."""
+    from transformers import cache_utils as cu
+    lin = getattr(cu, 'LinearAttentionCacheLayerMixin', ())
+    try: kinds = cu.DynamicCache(config=model.config).layers
+    except Exception: kinds = []        # no per-layer description
+    rec = [l for l, k in enumerate(kinds) if lin and isinstance(k, lin)]
+    if rec:
+        return (f"keeps a recurrent state in block{'s' * (len(rec) > 1)} "
+                f"{', '.join(map(str, rec))} (a convolution, state-space or "
+                "linear-attention mixer)")
+    if getattr(model, '_is_stateful', False):
+        return "keeps a recurrent state (transformers marks it stateful)"
+    own = getattr(type(model), '_supports_default_dynamic_cache', None)
+    if callable(own) and not own():
+        return "keeps a recurrent state in a cache of its own"
+    return None
+
 # %% ../nbs/11da_lm_pack.ipynb #c01011da
 def _check_prefix_model(ad, model, n: int, q: int, mode: str) -> None:
     "Refuse what the one-pass construction does not describe."
     cfg = model.config
     if mode not in PATCH_MODES:
         raise ValueError(f"mode must be one of {PATCH_MODES}, got {mode!r}")
-    if ad.family.pattern == 'post-LN' or getattr(cfg, 'is_encoder_decoder',
-                                                  False):
+    if (ad.family.encoder or getattr(cfg, 'is_encoder_decoder', False)
+            or _encoder(ad.base, _probe_ids(model))):
         raise TypeError(
             f"the {ad.name} attends in both directions, so its context "
             "states depend on later tokens and no single pass gives every "
             "prefix's patches: call context_patches once per prefix")
+    if why := _recurrent(model):
+        raise TypeError(
+            f"the {ad.name} {why}: it runs through the tokens in order, so "
+            "query copies packed into one sequence would run through each "
+            "other, and no cache of it can be cut back to a prefix: use "
+            "token_updates(..., method='loop'), one context_patches per "
+            "prefix")
+    if not any(accepts_kwarg(ad.base, k) for k in ('cache',
+                                                    'past_key_values')):
+        raise TypeError(
+            f"the {ad.name} keeps no cache of the context's keys and values,"
+            " which the copies of the one pass read: use "
+            "token_updates(..., method='loop')")
     if not accepts_kwarg(ad.base, 'position_ids'):
         raise TypeError(
             f"the {ad.name} takes no position_ids, which the one pass needs "
@@ -160,6 +196,12 @@ def _outputs(st, ad, at: slice, outs: list) -> None:
             lambda m, a, o: outs.append(output_tensor(o)[0, at].clone())
         ).remove)
 
+def _ours(e: Exception) -> bool:
+    "Whether `e` was raised in icl_book's own code (not transformers')."
+    tb = e.__traceback__
+    while tb.tb_next is not None: tb = tb.tb_next
+    return tb.tb_frame.f_globals.get('__name__', '').startswith('icl_book')
+
 def _probe(ad, ctx: list, ref: list) -> list:
     """The last packed copy, c_2..c_{q+1} after c_1, against the plain run of
     the context: refused unless equal. The copies' records without it."""
@@ -189,7 +231,14 @@ def _packed_chunk(ad, model, cache, key: str, context_ids, query_ids,
         pos = torch.cat([pos, torch.arange(1, q + 1, device=dev)[None]])
     with ExitStack() as st:
         if hooks is not None: hooks(st, len(ids))
-        ctx = _packed(ad, model, cache, key, ids, pos, end)
+        try: ctx = _packed(ad, model, cache, key, ids, pos, end)
+        except (RuntimeError, ValueError, IndexError) as e:
+            if lo > 1 or _ours(e): raise
+            raise ValueError(
+                f"transformers' own run of the {ad.name} fails on the packed "
+                f"copies ({type(e).__name__}: {str(e)[:200]}): its attention "
+                "does not take the 4-D attention mask that keeps each copy to"
+                " its prefix: use method='loop'") from e
     if probe: ctx = _probe(ad, ctx, ref)
     elif lo == 1: _check_first(ad, context_ids, query_ids, ctx)
     return ctx, ids[:m], pos[:m]
