@@ -57,8 +57,11 @@ def _moe_hook(f, rows, l: int, busy: list):
     return hook
 
 # %% ../nbs/11b_hf_patch.ipynb #c00913b
-def _read_hooks(st: ExitStack, lay, l: int, rows, fn: dict) -> None:
-    "Layer l's hooks that only read: block input and output, stream, branches."
+def _read_hooks(st: ExitStack, lay, l: int, rows, fn: dict,
+                busy: list) -> None:
+    """Layer l's hooks that only read: block input and output, stream,
+    branches; the stream not in a MoE module's re-calls (`busy`: a router
+    reading the stream, FlexOlmo's, is called again per position)."""
     if 'block_pre' in fn:
         _put(st, lay.block, lambda m, a, k: fn['block_pre'](
             l, rows(a[0] if a else k['hidden_states'])), pre=True, kw=True)
@@ -66,7 +69,7 @@ def _read_hooks(st: ExitStack, lay, l: int, rows, fn: dict) -> None:
         _put(st, lay.block,
              lambda m, a, o: fn['block'](l, rows(output_tensor(o))))
     if 'stream' in fn and lay.stream is not None:
-        _put(st, lay.stream, lambda m, a, k: fn['stream'](
+        _put(st, lay.stream, lambda m, a, k: None if busy else fn['stream'](
             l, rows(a[0] if a else next(iter(k.values())))),
             pre=True, kw=True)
     if 'branch' in fn:
@@ -92,7 +95,7 @@ def _hooks(st: ExitStack, ad: Adapter, B: int, **fn) -> None:
     rows = lambda t: t.reshape(B, -1, t.shape[-1])
     busy = []                          # shared by every layer's MoE hook
     for l, lay in enumerate(ad.layers):
-        _read_hooks(st, lay, l, rows, fn)
+        _read_hooks(st, lay, l, rows, fn, busy)
         _write_hooks(st, lay, l, rows, fn, busy)
 
 # %% ../nbs/11b_hf_patch.ipynb #c00914b
