@@ -661,6 +661,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                       'icl_book.lm_dynamics._inputs': ('lm_dynamics.html#_inputs', 'icl_book/lm_dynamics.py'),
                                       'icl_book.lm_dynamics._join': ('lm_dynamics.html#_join', 'icl_book/lm_dynamics.py'),
                                       'icl_book.lm_dynamics._open_loop': ('lm_dynamics.html#_open_loop', 'icl_book/lm_dynamics.py'),
+                                      'icl_book.lm_dynamics._own_part': ('lm_dynamics.html#_own_part', 'icl_book/lm_dynamics.py'),
                                       'icl_book.lm_dynamics._prefix_chunks': ('lm_dynamics.html#_prefix_chunks', 'icl_book/lm_dynamics.py'),
                                       'icl_book.lm_dynamics._rows': ('lm_dynamics.html#_rows', 'icl_book/lm_dynamics.py'),
                                       'icl_book.lm_dynamics._sample': ('lm_dynamics.html#_sample', 'icl_book/lm_dynamics.py'),

@@ -262,19 +262,27 @@ def _join(ps: list) -> list:
 PARTS = {'first': "the first MLP matrices (router and experts in a MoE)",
          'last': "the MLP's last matrix", 'post': "the norm after the MLP"}
 
+def _own_part(lay) -> str:
+    "What carries a block's context: last map (parallel), norm after the MLP."
+    return 'last' if lay.branch else 'post' if lay.post is not None else 'first'
+
 def default_part(
         ad,  # the model's adapter (`check_model`)
-) -> str:
-    "What carries the context: last matrix (parallel), norm (post-norm)."
-    return {'parallel': 'last', 'post-norm': 'post'}.get(
-        ad.family.pattern, 'first')
+):
+    """What carries the context: the last map of parallel blocks (their MLP
+    reads the block's input), the norm after the MLP where there is one,
+    else the first maps; one per block (a tuple) where blocks differ."""
+    own = tuple(map(_own_part, ad.layers))
+    return own[0] if len(set(own)) == 1 else own
 
-def _factors(ad, l: int, p, part: str) -> list:
+def _factors(ad, l: int, p, part) -> list:
     "The measured change at the query's last token, factors (m, ·)."
+    if not isinstance(part, str): part = part[l]        # one per block
     last = lambda r: RankOne(r.u[:, -1], r.v[:, -1])
     if part == 'first': return _join([last(r) for r in p.dW])
     if part == 'last': return [last(p.dW_out)]
-    s = ad.family.post_offset + ad.layers[l].post.weight    # the scale
+    lay = ad.layers[l]
+    s = (lay.family or ad.family).post_offset + lay.post.weight  # the scale
     u = p.ds_post[:, -1] * s.to(p.ds_post.dtype)            # its change
     return [RankOne(u, torch.ones_like(u[:, :1]))]
 
@@ -318,17 +326,23 @@ def _gram_steps(lay, zc: list, z: list, prev) -> tuple:
 
 
 # %% ../nbs/11e_lm_dynamics.ipynb #c01812e
-def _check_part(ad, part) -> str:
-    "The part to measure: a key of PARTS the family has, or its default."
-    part = default_part(ad) if part is None else part
+def _check_part(ad, part) -> tuple:
+    "Per block, the part measured: `part` (a key of PARTS), or its own."
+    own = tuple(map(_own_part, ad.layers))
+    if part is None: return own
     if part not in PARTS:
         raise ValueError(f"part must be one of {tuple(PARTS)}, got {part!r}")
-    if part != 'first' and (part == 'post') != (ad.family.post is not None):
+    bad = [l for l, lay in enumerate(ad.layers) if part != 'first'
+           and (part == 'post') != (lay.post is not None)]
+    if bad:
+        d = default_part(ad)
         raise ValueError(
-            f"the {ad.name} has no patch of {PARTS[part]} (its context goes "
-            f"into {PARTS[default_part(ad)]}): use part="
-            f"{default_part(ad)!r}")
-    return part
+            f"block{'s' * (len(bad) > 1)} {', '.join(map(str, bad))} of the "
+            f"{ad.name} ha{'ve' if len(bad) > 1 else 's'} no patch of "
+            f"{PARTS[part]} (the context goes into {PARTS[own[bad[0]]]}): use"
+            + (f" part={d!r}" if isinstance(d, str) else
+               f" part=None (each block its own: {', '.join(d)})"))
+    return (part,) * len(own)
 
 # %% ../nbs/11e_lm_dynamics.ipynb #c01812f
 def prefix_updates(
@@ -348,7 +362,8 @@ def prefix_updates(
     `seed` as prefix_patches; `return_errors`: (U, the check's errors)."""
     ad = check_model(model)
     part, out, prev, errs = _check_part(ad, part), [], None, []
-    fast = part == 'first' and ad.family.moe is None and ad.family.post is None
+    fast = set(part) == {'first'} and all(
+        lay.moe is None and lay.post is None for lay in ad.layers)
     for _, layers, e in _prefix_chunks(model, context_ids, query_ids,
                                        chunk=chunk, check=check, seed=seed,
                                        fast=fast, ad=ad):
@@ -374,20 +389,21 @@ def token_updates_loop(
         model,                       # a causal `transformers` model
         context_ids: torch.Tensor,   # one context (1, n)
         query_ids: torch.Tensor,     # its query (1, q)
+        part: Optional[str] = None,  # as token_updates (None: each block's)
 ) -> torch.Tensor:
-    "token_updates of the first matrices, one context_patches per prefix."
+    "token_updates of `part`, one context_patches per prefix."
     if not isinstance(context_ids, torch.Tensor) or context_ids.shape[0] != 1:
         raise ValueError("token_updates takes one sequence: context_ids "
                          "(1, n)")
-    prev, steps = None, []
+    ad = check_model(model)
+    parts, prev, steps = _check_part(ad, part), None, []
     for i in range(1, context_ids.shape[1] + 1):
         p = context_patches(model, context_ids[:, :i], query_ids)
-        now = [[RankOne(r.u[0, -1], r.v[0, -1]) for r in lay.dW]
-               for lay in p.layers]                   # last query token
-        steps.append(torch.stack([                    # all first matrices
-            sum((P.diff_norm(Q) if prev else P.norm()) ** 2
-                for P, Q in zip(Ps, Qs)).sqrt()
-            for Ps, Qs in zip(now, prev or now)]))
+        now = [_factors(ad, l, lp, parts) for l, lp in enumerate(p.layers)]
+        if prev is None:                           # ΔW(empty) = 0
+            prev = [[RankOne(torch.zeros_like(r.u), r.v) for r in ps]
+                    for ps in now]
+        steps.append(torch.cat([_steps(a, b) for a, b in zip(now, prev)]))
         prev = now
     return torch.stack(steps)                          # (n, L)
 
@@ -403,16 +419,8 @@ def token_updates(
         seed: int = 0,               # seeds the checked prefixes
 ) -> torch.Tensor:
     "(n, L): ||ΔW(c_1..i) - ΔW(c_1..i-1)||_F per context token and layer."
-    if method == 'loop':
-        pattern = check_model(model).family.pattern
-        if part not in (None, 'first') or part is None and pattern in (
-                'parallel', 'post-norm'):            # first maps never move
-            raise ValueError(
-                "method='loop' measures the first MLP matrices, which a "
-                f"{pattern} block's context does not reach: use the one-pass "
-                "default (the map that carries the context) with check='all',"
-                " or part='first' for the loop's own measure")
-        return token_updates_loop(model, context_ids, query_ids)
+    if method == 'loop':                     # the same map, prefix by prefix
+        return token_updates_loop(model, context_ids, query_ids, part)
     if method != 'one-pass':
         raise ValueError(f"method must be 'one-pass' or 'loop', got "
                          f"{method!r}")
