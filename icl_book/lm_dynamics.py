@@ -14,14 +14,14 @@ from .families import linear_weight
 from .hf_checks import (HFPatch, LayerPatch, check_ids,
                                 check_length, check_model)
 from .hf_patch import (accepts_kwarg, closed_loop_pass,
-                               context_patches, output_tensor,
-                               refuse_mismatch)
+                               context_patches, model_dtype, output_tensor,
+                               refuse_mismatch, with_context_pass)
 from .hf_apply import patched
 from .lm_pack import (_check_prefix_model, _chunk_size, _code_window,
                               _packed_chunk)
 
 # %% auto #0
-__all__ = ['PARTS', 'prefix_patches', 'default_part', 'prefix_updates', 'token_updates_loop', 'token_updates']
+__all__ = ['PLAIN64', 'PARTS', 'prefix_patches', 'default_part', 'prefix_updates', 'token_updates_loop', 'token_updates']
 
 # %% ../nbs/11e_lm_dynamics.ipynb #c01012e
 @contextmanager
@@ -151,6 +151,26 @@ def _free_inputs(ad, ctx: list, ids, pos) -> list:
         ad.base(input_ids=ids, position_ids=pos, **kw)
     return zs
 
+# %% ../nbs/11e_lm_dynamics.ipynb #c01013h
+PLAIN64 = 1e-12       # float64: packed against plain runs, per layer
+
+def _plain_check(ad, plain: list, context_ids, query_ids) -> None:
+    """Float64: the packed run at the checked prefixes against plain runs of
+    [c_1..i, query]; refused where they differ beyond float64 round-off."""
+    if model_dtype(ad) != torch.float64: return
+    for outs, i in plain:
+        ref = with_context_pass(
+            ad, torch.cat([context_ids[:, :i], query_ids], 1), None, i)
+        err = max(rel_err(o, r['out'][0]) for o, r in zip(outs, ref))
+        if not err <= PLAIN64:
+            raise ValueError(
+                f"the one-pass run of the {ad.name} after the prefix c_1..{i}"
+                f" differs from a plain run of it by {err:.1e} (> {PLAIN64:.0e}"
+                " in float64): the model rounds some values to float32 even "
+                "in float64 (a norm, router or gate), and a packed run rounds"
+                " them differently: use method='loop', one context_patches "
+                "per prefix")
+
 # %% ../nbs/11e_lm_dynamics.ipynb #c01014d
 def _setup(model, context_ids, query_ids, mode, chunk, check, seed,
            ad=None) -> tuple:
@@ -185,6 +205,7 @@ def _prefix_chunks(model, context_ids, query_ids, mode: str = 'rank1',
     from transformers import DynamicCache     # every layer keeps every key
     key = 'cache' if accepts_kwarg(ad.base, 'cache') else 'past_key_values'
     cache, held, fast = DynamicCache(), [], fast and sample is not None
+    plain = []                     # float64: (outputs, prefix) to run plain
     with torch.no_grad():
         for lo in range(1, n + 1, chunk):         # the cache grows by chunks
             m, zc = min(chunk, n + 1 - lo), [[] for _ in ad.layers]
@@ -193,6 +214,8 @@ def _prefix_chunks(model, context_ids, query_ids, mode: str = 'rank1',
                 (lambda st, r: _inputs(st, ad, zc, r)) if fast else None)
             zc = [[z[:m] for z in zs] for zs in zc]     # without the probe
             rows = [i - lo for i in sample or () if lo <= i < lo + m]
+            plain += [([c['out'][i - lo] for c in ctx], i) for i in
+                      (sample or (1, n)) if lo <= i < lo + m]
             if sample is None:                  # the closed loop, every copy
                 layers, errs = closed_loop_pass(ad, ctx, ids, None, pos,
                                                 mode)
@@ -202,6 +225,7 @@ def _prefix_chunks(model, context_ids, query_ids, mode: str = 'rank1',
                 held += _held(ctx, pos, layers, rows, fast)
             if errs: refuse_mismatch(ad, errs)
             yield lo, layers, errs or None
+        _plain_check(ad, plain, context_ids, query_ids)
         if held:                                # open loop: (None, None, e)
             errs = _sample_check(ad, model, held, query_ids, mode)
             refuse_mismatch(ad, errs); yield None, None, errs

@@ -10,7 +10,7 @@ from typing import Optional
 import torch
 from .core import rel_err
 from .deep import PATCH_MODES
-from .discovery import _encoder, _probe_ids
+from .discovery import _probe_ids
 from .hf_patch import (SELF_CHECK_TOL, accepts_kwarg, model_dtype,
                                output_tensor, with_context_pass)
 
@@ -66,6 +66,17 @@ def _packed_mask(ad, model, n: int, i, q: int, dt, dev):
     return {'full_attention': full, 'sliding_attention': slide}
 
 # %% ../nbs/11da_lm_pack.ipynb #c00951da
+def _reads_later(ad, model) -> bool:
+    """Whether the first position's output moves, beyond round-off, when the
+    last token changes: attention both ways. (A mixture of experts that sums
+    its tokens by expert moves it by round-off, which does not count.)"""
+    ids = _probe_ids(model)
+    other = ids.clone(); other[0, -1] = ids[0, -2]
+    kw = {'use_cache': False} if accepts_kwarg(ad.base, 'use_cache') else {}
+    with torch.no_grad():
+        a, b = (ad.base(input_ids=t, **kw)[0][0, 0] for t in (ids, other))
+    return not rel_err(b, a) <= 1e-6
+
 def _recurrent(model) -> Optional[str]:
     """Why the model keeps a state that runs through the tokens in order
     (convolution, state-space or linear-attention mixers), or None: the
@@ -93,8 +104,7 @@ def _check_prefix_model(ad, model, n: int, q: int, mode: str) -> None:
     cfg = model.config
     if mode not in PATCH_MODES:
         raise ValueError(f"mode must be one of {PATCH_MODES}, got {mode!r}")
-    if (ad.family.encoder or getattr(cfg, 'is_encoder_decoder', False)
-            or _encoder(ad.base, _probe_ids(model))):
+    if getattr(cfg, 'is_encoder_decoder', False) or _reads_later(ad, model):
         raise TypeError(
             f"the {ad.name} attends in both directions, so its context "
             "states depend on later tokens and no single pass gives every "
