@@ -425,6 +425,8 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                                                                                       'icl_book/experiments/lm_dynamics.py'),
                                                   'icl_book.experiments.lm_dynamics.log_bins': ( 'lm_dynamics.html#log_bins',
                                                                                                  'icl_book/experiments/lm_dynamics.py'),
+                                                  'icl_book.experiments.lm_dynamics.one_pass_groups': ( 'lm_dynamics.html#one_pass_groups',
+                                                                                                        'icl_book/experiments/lm_dynamics.py'),
                                                   'icl_book.experiments.lm_dynamics.plot_token_updates': ( 'lm_dynamics.html#plot_token_updates',
                                                                                                            'icl_book/experiments/lm_dynamics.py'),
                                                   'icl_book.experiments.lm_dynamics.readme_prose': ( 'lm_dynamics.html#readme_prose',

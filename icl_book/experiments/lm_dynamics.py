@@ -5,7 +5,7 @@
 from __future__ import annotations
 
 # %% auto #0
-__all__ = ['PROMPT_KINDS', 'PASSAGE', 'plot_token_updates', 'bench_hf_trajectory', 'convergence_prompt', 'readme_prose', 'layer_summary', 'log_bins']
+__all__ = ['ONE_PASS_REASONS', 'PROMPT_KINDS', 'PASSAGE', 'one_pass_groups', 'plot_token_updates', 'bench_hf_trajectory', 'convergence_prompt', 'readme_prose', 'layer_summary', 'log_bins']
 
 # %% ../../nbs/11e_lm_dynamics.ipynb #c00212e
 import math, os, re, time
@@ -22,6 +22,25 @@ from ..lm_dynamics import (default_part, prefix_updates, _factors,
                                   _sample, _steps)
 from ..trajectories import tail_slope
 from ..weights import load_pretrained
+
+# %% ../../nbs/11e_lm_dynamics.ipynb #c02212e
+ONE_PASS_REASONS = {          # a phrase of the refusal: its reason, in short
+    'attends in both directions': 'encoder', 'recurrent state': 'recurrent',
+    'takes no position_ids': 'no position ids', 'keeps no cache': 'no cache',
+    "transformers' own run": 'mask', 'float32 even in float64': 'float32',
+    'self-check failed': 'self-check'}
+
+def one_pass_groups(
+        rows: list,  # dicts with type, result and why (tests/test_zoo.py)
+) -> dict:
+    "{'exact' or a reason of ONE_PASS_REASONS (or 'other'): [types]}."
+    out = {}
+    for r in rows:
+        g = r['result'] if r['result'] != 'refused' else next(
+            (v for k, v in ONE_PASS_REASONS.items() if k in r['why']),
+            'other')
+        out.setdefault(g, []).append(r['type'])
+    return {g: sorted(ts) for g, ts in out.items()}
 
 # %% ../../nbs/11e_lm_dynamics.ipynb #c05011e
 def plot_token_updates(U: torch.Tensor,  # steps (n, L), from token_updates
