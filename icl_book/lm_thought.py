@@ -166,7 +166,7 @@ def budget_ranks(model,                   # a supported transformers model
                  kind: str = 'lstsq_out', # lstsq, lstsq_out or lstsq_mlp
                  order=None,   # layers given r + 1 first (default: none)
                  ) -> list:
-    "Per-layer ranks: the largest even rank r, then r + 1 on layers of order."
+    "Per-layer ranks: even r (>= 1; >= 0 given an order), then r + 1 in order."
     if kind not in ('lstsq', 'lstsq_out', 'lstsq_mlp'):
         raise ValueError(f"a rank budget needs kind 'lstsq', 'lstsq_out' or "
                          f"'lstsq_mlp', got {kind!r}")
@@ -175,11 +175,13 @@ def budget_ranks(model,                   # a supported transformers model
                         f"got {budget!r}")
     parts = _shapes(model, kind)
     L, top = len(parts), max(min(s) for ps in parts for s, _ in ps)
-    if budget < _cost(parts, [1] * L):
+    low = 0 if order is not None else 1     # an order may start from δ alone
+    if budget < _cost(parts, [low] * L):
+        need = _cost(parts, [low] * L)
         raise ValueError(f"a budget of {budget:,} numbers is below the "
-                         f"rank-1 {kind} patch ({_cost(parts, [1] * L):,} "
-                         f"numbers on {L} layers); give at least that")
-    r = max(r for r in range(1, top + 1) if _cost(parts, [r] * L) <= budget)
+                         f"rank-{low} {kind} patch ({need:,} numbers on {L} "
+                         f"layers); give at least that")
+    r = max(r for r in range(low, top + 1) if _cost(parts, [r] * L) <= budget)
     ranks = [r] * L
     for l in ([] if order is None else order):
         if _cost(parts, ranks[:l] + [r + 1] + ranks[l + 1:]) <= budget:

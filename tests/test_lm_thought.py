@@ -219,3 +219,19 @@ def test_per_layer_ranks_and_budget_ranks(setup):
     for bad in ([1, 2], [1, -1, 1], 0, [1.5, 1, 1]):
         with pytest.raises(ValueError):
             fit_thought_patch(model, P, ids, mask, "lstsq_mlp", bad)
+
+
+def test_a_budget_below_rank_1_everywhere_starts_from_the_bias(setup):
+    """With an order, a budget below rank 1 on every layer keeps δ everywhere
+    and gives rank 1 to the layers of the order that fit; without, refused."""
+    from icl_book.lm_thought import budget_ranks
+    model, P, ids, mask = setup
+    bias = 3 * 32                                       # δ on 3 layers
+    assert budget_ranks(model, bias + 64, "lstsq_mlp", [2, 1, 0]) == [0, 0, 1]
+    assert budget_ranks(model, bias, "lstsq_mlp", [2, 1, 0]) == [0, 0, 0]
+    with pytest.raises(ValueError, match="below the rank-0 lstsq_mlp"):
+        budget_ranks(model, bias - 1, "lstsq_mlp", [2, 1, 0])
+    with pytest.raises(ValueError, match="below the rank-1 lstsq_mlp"):
+        budget_ranks(model, bias + 64, "lstsq_mlp")
+    tp = fit_thought_patch(model, P, ids, mask, "lstsq_mlp", [0, 0, 1])
+    assert patch_numel(tp, [0, 0, 1]) == bias + 64 == tp.numel() - 32 * 32 + 64
