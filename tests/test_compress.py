@@ -437,6 +437,9 @@ def test_budget_too_small_or_malformed_is_refused(tiny):
     small = C.CompressConfig(shots=3, n_cal=6, n_val=4, n_test=5, budget=10)
     with pytest.raises(ValueError, match="below the rank-1"):
         C.evaluate(tiny, CharTok(), PAIRS, small)
+    res, _ = C.evaluate(tiny, CharTok(), PAIRS, small,       # not asked for:
+                        methods=("icl", "task_vector"))     # no refusal
+    assert res["budget"]["numbers"] is None and res["thought_patch"] is None
     for bad in ("kv/0", "kv", 2.5, True):
         with pytest.raises(ValueError, match="a budget is"):
             C.evaluate(tiny, CharTok(), PAIRS, C.CompressConfig(
