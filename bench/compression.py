@@ -13,6 +13,18 @@ and the accuracy-storage curve (bench/compression_curve.jsonl):
 and more ranks added to the curve's lines already there (only the rank-r
 fits run; what validation prefers is chosen again over all variants):
     OMP_NUM_THREADS=1 python bench/compression.py --curve --add-ranks 64
+and the budget run (bench/compression_budget.jsonl: the thought patch within
+a tenth of each prompt's KV cache, 32 validation queries; each line records
+its command; seeds 0, 1, 2 ran as separate processes into _s0/_s1/_s2 files,
+merged; the function vector apart, seed 0, in compression_budget_fv.jsonl):
+    OMP_NUM_THREADS=1 python bench/compression.py --budget kv/10 --seeds 1 \
+        --methods zero_shot icl task_vector thought_patch
+    OMP_NUM_THREADS=1 python bench/compression.py --budget kv/10 --seeds 0 \
+        --methods icl function_vector --out bench/compression_budget_fv.jsonl
+    OMP_NUM_THREADS=1 python bench/compression.py --budget kv/10 --seeds 0 \
+        --shots-list 5 20 40 --tasks present-past country-capital \
+        --methods zero_shot icl task_vector thought_patch \
+        --out bench/compression_shots.jsonl
 One JSON line per task and seed: the result dict of icl_book.compress.evaluate
 with the full protocol (10 shots, 64 calibration, 16 validation, 50 test
 queries, every layer a candidate, 8 shuffled prompts, every thought-patch
