@@ -343,9 +343,7 @@ KNOWN = {
     },
     "progress-bar": {},        # page -> the matched output text
     "making-of": {},           # page -> the phrase
-    "glued-plural": {          # page -> the matched words
-        "nbs/11d_compress": ["seeds on 9 tasks seeds", "1 points"],
-    },
+    "glued-plural": {},        # page -> the matched words
     "wrong-doc-link": {},      # page -> "name -> target (defined in)"
     "wider-than-phone": {},    # page -> the elements that reach past 390 px
 }
