@@ -335,9 +335,7 @@ KNOWN = {
     "uncaptioned-table": {},   # page -> the table's first header cells
     "progress-bar": {},        # page -> the matched output text
     "making-of": {},           # page -> the phrase
-    "glued-plural": {          # page -> the matched words
-        "nbs/11d_compress": ["seeds on 9 tasks seeds", "1 points"],
-    },
+    "glued-plural": {},        # page -> the matched words
     "wrong-doc-link": {},      # page -> "name -> target (defined in)"
     "wider-than-phone": {},    # page -> the elements that reach past 390 px
     "raw-markdown": {          # page -> the Markdown the page shows instead of rendering
