@@ -453,7 +453,7 @@ def run_compress(a: argparse.Namespace,   # add_compress_parser's arguments
     if a.save: objs['thought_patch'].save(a.save)
     return res
 
-# %% ../nbs/11d_compress.ipynb #cli1parse
+# %% ../nbs/11d_compress.ipynb #cli1budget
 def _budget_arg(s: str):
     "--budget: N (an int), kv/N, or none."
     if s.isdigit(): return int(s)
@@ -461,6 +461,7 @@ def _budget_arg(s: str):
                        and int(s[3:]) >= 1): return s
     raise argparse.ArgumentTypeError(f"give a number, kv/N or none, not {s!r}")
 
+# %% ../nbs/11d_compress.ipynb #cli1parse
 def add_compress_parser(subparsers,   # ArgumentParser().add_subparsers()
                         ) -> argparse.ArgumentParser:
     "Add the `compress` sub-command to an argparse sub-parsers object."
@@ -494,7 +495,6 @@ def add_compress_parser(subparsers,   # ArgumentParser().add_subparsers()
                    help='refuse prompt + query longer than this')
     p.add_argument('--threads', type=int, default=None, help='torch threads '
                    '(default: the cores the load average leaves free)')
-    p.add_argument('--quiet', action='store_true',
-                   help='no progress on stderr')
+    p.add_argument('--quiet', action='store_true', help='show no progress')
     p.set_defaults(run=run_compress)
     return p

@@ -338,10 +338,7 @@ KNOWN = {
     "glued-plural": {},        # page -> the matched words
     "wrong-doc-link": {},      # page -> "name -> target (defined in)"
     "wider-than-phone": {},    # page -> the elements that reach past 390 px
-    "raw-markdown": {          # page -> the Markdown the page shows instead of rendering
-        "nbs/11d_compress": ["variants `lstsq_out` (2)", "variants `lstsq` (11), `lstsq_out` (5), "
-                             "`lstsq_out ridge 1` (1), `lstsq r8` (1)"],
-    },
+    "raw-markdown": {},        # page -> the Markdown the page shows instead of rendering
     "stderr-output": {},       # page -> the start of a warning a cell printed
 }
 
