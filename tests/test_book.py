@@ -331,6 +331,7 @@ KNOWN = {
     # page -> table labels (first headers; the caption number is dropped)
     "table-too-wide": {},
     "math-error": {},          # page -> the red/erroneous TeX
+    "math-too-wide": {},       # page -> the start of the display formula
     "raw-tex": {},             # page -> text around the TeX outside maths
     "uncaptioned-table": {},   # page -> the table's first header cells
     "progress-bar": {},        # page -> the matched output text
@@ -368,6 +369,13 @@ def test_tables_fit_their_column(book, doc):
     # without the caption's number, which moves when a table is added before it
     _against_known("table-too-wide", doc,
                    [re.sub(r"^Table \d+: ", "", t["table"]) for t in r["tables"]])
+
+
+@needs_chromium
+@pytest.mark.parametrize("doc", _toc_files())
+def test_display_formulas_fit_their_column(book, doc):
+    "At 1400 px every display formula is whole: none runs past the column into a scrolled box."
+    _against_known("math-too-wide", doc, _checks(doc)["wide_math"])
 
 
 @needs_chromium

@@ -48,6 +48,7 @@ MEASURE = r"""
 
 # What a reader of the typeset page would see wrong, in one pass (1400 px):
 # tables wider than the article's column (cut off or scrolled out of view),
+# display formulas wider than it (scrolled, the rest out of view),
 # formulas MathJax could not typeset (an error, or an undefined macro that
 # it shows in red), and TeX source left in the text outside any formula.
 CHECKS = r"""
@@ -64,6 +65,17 @@ CHECKS = r"""
     if (!t.offsetParent || t.closest('.widget-vbox, .jupyter-widgets')) continue;
     const w = Math.max(t.getBoundingClientRect().width, t.scrollWidth);
     if (w > col + 1) tables.push({table: label(t), width: Math.round(w), column: Math.round(col)});
+  }
+  // display formulas wider than the column: the theme scrolls them in a box
+  // whose scrollbar is hidden, so the reader sees the formula cut off
+  const wideMath = [];
+  for (const c of art.querySelectorAll('mjx-container[display="true"]')) {
+    if (!c.offsetParent) continue;
+    const inner = c.firstElementChild, w = Math.max(c.scrollWidth, inner ? inner.getBoundingClientRect().width : 0);
+    if (w > Math.min(col, c.clientWidth) + 1) {
+      const mml = c.querySelector('mjx-assistive-mml');
+      wideMath.push((mml ? mml.textContent : c.textContent).trim().replace(/\s+/g, ' ').slice(0, 60));
+    }
   }
   const math = [];
   for (const c of document.querySelectorAll('mjx-container')) {
@@ -85,7 +97,7 @@ CHECKS = r"""
     if (m) { const i = n.textContent.indexOf(m[0]);
              tex.push(n.textContent.slice(Math.max(0, i - 30), i + 30).replace(/\s+/g, ' ').trim()); }
   }
-  report({tables, math, tex, column: Math.round(col),
+  report({tables, math, tex, wide_math: wideMath, column: Math.round(col),
           typeset: document.querySelectorAll('mjx-container').length,
           sources: art.querySelectorAll('.math').length});
 """
