@@ -332,6 +332,7 @@ KNOWN = {
     "table-too-wide": {},
     "math-error": {},          # page -> the red/erroneous TeX
     "math-too-wide": {},       # page -> the start of the display formula
+    "broken-word": {},         # page -> a table cell's word cut across two lines
     "raw-tex": {},             # page -> text around the TeX outside maths
     "uncaptioned-table": {},   # page -> the table's first header cells
     "progress-bar": {},        # page -> the matched output text
@@ -376,6 +377,13 @@ def test_tables_fit_their_column(book, doc):
 def test_display_formulas_fit_their_column(book, doc):
     "At 1400 px every display formula is whole: none runs past the column into a scrolled box."
     _against_known("math-too-wide", doc, _checks(doc)["wide_math"])
+
+
+@needs_chromium
+@pytest.mark.parametrize("doc", _toc_files())
+def test_table_words_stay_whole(book, doc):
+    "At 1400 px no word or number of a table is cut across two lines ('patt/ern', '1.3e-/07')."
+    _against_known("broken-word", doc, _checks(doc)["broken"])
 
 
 @needs_chromium

@@ -77,6 +77,24 @@ CHECKS = r"""
       wideMath.push((mml ? mml.textContent : c.textContent).trim().replace(/\s+/g, ' ').slice(0, 60));
     }
   }
+  // words of a table cell broken across lines (a row name cut as 'patt/ern',
+  // a number as '1.3e-/07'); a break may fall at a space, or after a hyphen
+  // or dash that a letter follows (pre-/norm); code names may wrap anywhere
+  const broken = [];
+  for (const cell of art.querySelectorAll('table th, table td')) {
+    if (!cell.offsetParent || cell.closest('.widget-vbox, .jupyter-widgets')) continue;
+    const tw = document.createTreeWalker(cell, NodeFilter.SHOW_TEXT);
+    for (let n = tw.nextNode(); n; n = tw.nextNode()) {
+      if (n.parentElement.closest('code, .pre, mjx-container, .MathJax')) continue;
+      const word = /(?:[^\s\-–]|[\-–](?![A-Za-z]))+[\-–]?/g;
+      for (let m = word.exec(n.textContent); m; m = word.exec(n.textContent)) {
+        if (m[0].replace(/[^A-Za-z0-9]/g, '').length < 3) continue;
+        const r = document.createRange(); r.setStart(n, m.index); r.setEnd(n, m.index + m[0].length);
+        const lines = new Set([...r.getClientRects()].filter(x => x.width > 0).map(x => Math.round(x.top)));
+        if (lines.size > 1) broken.push(m[0].slice(0, 40));
+      }
+    }
+  }
   const math = [];
   for (const c of document.querySelectorAll('mjx-container')) {
     const red = c.querySelector('mjx-merror, [style*="color: red"], [mathcolor="red"]');
@@ -97,7 +115,7 @@ CHECKS = r"""
     if (m) { const i = n.textContent.indexOf(m[0]);
              tex.push(n.textContent.slice(Math.max(0, i - 30), i + 30).replace(/\s+/g, ' ').trim()); }
   }
-  report({tables, math, tex, wide_math: wideMath, column: Math.round(col),
+  report({tables, math, tex, wide_math: wideMath, broken: [...new Set(broken)], column: Math.round(col),
           typeset: document.querySelectorAll('mjx-container').length,
           sources: art.querySelectorAll('.math').length});
 """
