@@ -333,6 +333,7 @@ KNOWN = {
     "math-error": {},          # page -> the red/erroneous TeX
     "math-too-wide": {},       # page -> the start of the display formula
     "broken-word": {},         # page -> a table cell's word cut across two lines
+    "dangling-colon": {},      # page -> the end of a paragraph that announces nothing
     "raw-tex": {},             # page -> text around the TeX outside maths
     "uncaptioned-table": {},   # page -> the table's first header cells
     "progress-bar": {},        # page -> the matched output text
@@ -440,6 +441,37 @@ def stderr_outputs(raw: str) -> list:
     "The start of every stderr stream a cell printed (a library's warning, a log line)."
     return [re.sub(r"\s+", " ", _h.unescape(re.sub(r"<[^>]+>", "", m))).strip()[:48]
             for m in re.findall(r'class="output stderr[^"]*">(.*?)</div>\s*</div>', raw, re.S)]
+
+
+def dangling_colons(raw: str) -> list:
+    """The end of every paragraph of the article that ends with a colon and is
+    followed by nothing: the last thing of its section, before the next
+    heading (a cell it announced was removed, or never shown)."""
+    from bs4 import BeautifulSoup
+    art = BeautifulSoup(raw, "html.parser").select_one("article.bd-article")
+    out = []
+    for p in art.find_all("p") if art else []:
+        text = re.sub(r"\s+", " ", p.get_text()).strip()
+        if not text.endswith(":") or p.find_parent(["li", "td", "th", "figcaption", "dd", "dt"]):
+            continue
+        nxt = p.find_next_sibling()
+        if nxt is None or nxt.name in ("section", "h1", "h2", "h3", "h4"):
+            out.append(text[-60:])
+    return out
+
+
+def test_dangling_colons_are_found():
+    page = ('<article class="bd-article"><section><p>Checked below:</p>'
+            '<div class="cell">x</div><p>And here it is raised at once:</p></section>'
+            '<section><h2>Summary</h2><ul><li><p>a list:</p></li></ul></section></article>')
+    assert dangling_colons(page) == ["And here it is raised at once:"]
+
+
+@pytest.mark.parametrize("doc", _toc_files())
+def test_no_dangling_colons(book, doc):
+    "No paragraph ends with a colon that announces nothing (its cell or figure gone)."
+    path, _ = _page(doc)
+    _against_known("dangling-colon", doc, dangling_colons(path.read_text()))
 
 
 def test_stderr_outputs_are_found():
