@@ -474,6 +474,15 @@ def test_no_dangling_colons(book, doc):
     _against_known("dangling-colon", doc, dangling_colons(path.read_text()))
 
 
+@pytest.mark.parametrize("doc", _toc_files())
+def test_references_are_not_empty(book, doc):
+    "A References heading lists something (a chapter that cites nothing shows an empty one)."
+    path, _ = _page(doc)
+    m = re.search(r'<section id="references">(.*?)</section>', path.read_text(), re.S)
+    assert not m or 'class="citation"' in m.group(1), \
+        f"{doc}: the References section is empty (the chapter cites nothing)"
+
+
 def test_stderr_outputs_are_found():
     page = ('<div class="output stderr highlight-myst-ansi notranslate"><div class="highlight">'
             '<pre><span></span>UserWarning: something &amp; more</pre></div></div>')
