@@ -95,6 +95,15 @@ CHECKS = r"""
       }
     }
   }
+  // printed output lines longer than the column: their box scrolls with a
+  // hidden scrollbar, and the end of the line is out of view
+  const wideOut = [];
+  for (const p of art.querySelectorAll('.cell_output pre, .output pre')) {
+    if (!p.offsetParent || p.scrollWidth <= p.clientWidth + 2) continue;
+    const lines = p.textContent.split('\n');
+    const long = lines.reduce((a, l) => (l.length > a.length ? l : a), '');
+    wideOut.push(long.trim().slice(0, 50));
+  }
   const math = [];
   for (const c of document.querySelectorAll('mjx-container')) {
     const red = c.querySelector('mjx-merror, [style*="color: red"], [mathcolor="red"]');
@@ -115,7 +124,7 @@ CHECKS = r"""
     if (m) { const i = n.textContent.indexOf(m[0]);
              tex.push(n.textContent.slice(Math.max(0, i - 30), i + 30).replace(/\s+/g, ' ').trim()); }
   }
-  report({tables, math, tex, wide_math: wideMath, broken: [...new Set(broken)], column: Math.round(col),
+  report({tables, math, tex, wide_math: wideMath, broken: [...new Set(broken)], wide_output: wideOut, column: Math.round(col),
           typeset: document.querySelectorAll('mjx-container').length,
           sources: art.querySelectorAll('.math').length});
 """
