@@ -306,7 +306,7 @@ class DeepPatch:
 
     def inplace(self, model,  # the model it was computed for
                ) -> InPlace:
-        "A `with` block writing the patch into `model`'s weights, restored bit for bit."
+        "A `with` block writing the patch into the weights of `model`, restored bit for bit."
         blocks = _check_fit(self, model, one=True)
         return InPlace(_inplace_edits(blocks, self.layers), model, self.start)
 

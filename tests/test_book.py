@@ -454,6 +454,19 @@ def stderr_outputs(raw: str) -> list:
             for m in re.findall(r'class="output stderr[^"]*">(.*?)</div>\s*</div>', raw, re.S)]
 
 
+# a quote mark turned the wrong way by the smart-quote pass: an apostrophe
+# after a code name or emphasis ("fn‘s"), or a closing quote that opens ("(”Q")
+WRONG_QUOTE = re.compile(r"\w‘s\b|[(\[\s]”(?=\w)|[(\[]’(?=\w)")
+
+
+@pytest.mark.parametrize("doc", _toc_files())
+def test_quote_marks_face_the_right_way(book, doc):
+    path, _ = _page(doc)
+    text = _h.unescape(re.sub(r"<[^>]+>", "", path.read_text()))
+    bad = [text[max(0, m.start() - 20):m.end() + 10] for m in WRONG_QUOTE.finditer(text)]
+    assert not bad, f"{doc}: quote marks the wrong way round: {bad}"
+
+
 def dangling_colons(raw: str) -> list:
     """The end of every paragraph of the article that ends with a colon and is
     followed by nothing: the last thing of its section, before the next
