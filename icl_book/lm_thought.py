@@ -5,6 +5,7 @@
 # %% ../nbs/11c_lm_thought.ipynb #c00211c
 from __future__ import annotations
 import copy, os, sys
+from dataclasses import dataclass
 from pathlib import Path
 from contextlib import ExitStack, contextmanager
 from typing import Optional
@@ -14,10 +15,10 @@ from .families import linear_weight
 from .hf_checks import check_model
 
 # %% auto #0
-__all__ = ['THOUGHT_KINDS', 'hook_layers', 'pad_batch', 'prompt_states', 'reduced_rank_fit', 'patch_numel', 'budget_rank',
-           'truncate', 'low_rank_factors', 'progress', 'check_writable', 'fit_thought_patch', 'call_positions',
-           'split_first', 'last_add', 'thought_patched', 'teacher_forced', 'compression_metrics', 'prompt_cache',
-           'grown_cache', 'after_prompt', 'icl_logprobs']
+__all__ = ['THOUGHT_KINDS', 'hook_layers', 'pad_batch', 'prompt_states', 'reduced_rank_fit', 'patch_numel', 'budget_ranks',
+           'budget_rank', 'truncate', 'low_rank_factors', 'progress', 'check_writable', 'MlpPatch', 'fit_thought_patch',
+           'call_positions', 'split_first', 'last_add', 'thought_patched', 'teacher_forced', 'compression_metrics',
+           'prompt_cache', 'grown_cache', 'after_prompt', 'icl_logprobs']
 
 # %% ../nbs/11c_lm_thought.ipynb #9edfa37e
 def hook_layers(stack: ExitStack,  # the hooks are removed when it closes
@@ -127,47 +128,72 @@ def reduced_rank_fit(A: torch.Tensor,   # (K, d) inputs a_k
     return M.to(A.dtype), (beta.to(A.dtype) if bias else None)
 
 # %% ../nbs/11c_lm_thought.ipynb #bud1fn
-def patch_numel(tp: ThoughtPatch,               # the patch
-                rank: Optional[int] = None,  # its matrices' rank
+def _per_layer(rank, L: int) -> list:
+    "A rank (None, int) or one per layer, as a list of L."
+    return list(rank) if isinstance(rank, (list, tuple)) else [rank] * L
+
+def patch_numel(tp: ThoughtPatch,  # the patch
+                rank=None,  # its matrices' rank, or one per layer
                 ) -> int:
     "Numbers stored: a rank-r matrix (m, n) as r(m + n) when fewer than mn."
     n = 0
-    for M in tp.M + tp.M_out:
-        if M is not None:
-            n += M.numel() if rank is None else min(
-                M.numel(), rank * sum(M.shape))
+    for r, *Ms in zip(_per_layer(rank, len(tp.M)), tp.M, tp.M_out):
+        for M in Ms:
+            if M is not None:
+                n += M.numel() if r is None else min(M.numel(),
+                                                     r * sum(M.shape))
     return n + sum(t.numel() for t in tp.beta + tp.delta if t is not None)
 
 def _shapes(model, kind: str) -> list:
-    "Per layer, (matrix shape, bias size) of each part a patch of kind fits."
+    "Per layer, [(matrix shape, bias size)] of the parts a patch of kind fits."
     out = []
     for lay in check_model(model).layers:
         first = [linear_weight(m).shape for m in lay.first]
         H, d = sum(s[0] for s in first), first[0][1]
         last = tuple(linear_weight(lay.last).shape)
-        out += ([((H, d), H)] if kind == 'lstsq' else []) + [(last, last[0])]
+        out.append(([((H, d), H)] if kind == 'lstsq' else []) + [
+            ((last[0], d) if kind == 'lstsq_mlp' else last, last[0])])
     return out
 
 # %% ../nbs/11c_lm_thought.ipynb #bud1rank
-def budget_rank(model,                   # a supported transformers model
-                budget: int,             # numbers the patch may store
-                kind: str = 'lstsq_out', # 'lstsq' or 'lstsq_out'
-                ) -> int:
-    "The largest rank r whose patch of `kind` on every layer fits `budget`."
-    if kind not in ('lstsq', 'lstsq_out'):
-        raise ValueError(f"a rank budget needs kind 'lstsq' or 'lstsq_out', "
-                         f"got {kind!r}")
+def _cost(parts: list, ranks: list) -> int:
+    "Numbers stored by patches of _shapes' parts at per-layer ranks (0: δ)."
+    return sum(min(m * n, r * (m + n)) + b for ps, r in zip(parts, ranks)
+               for (m, n), b in ps)
+
+def budget_ranks(model,                   # a supported transformers model
+                 budget: int,             # numbers the patch may store
+                 kind: str = 'lstsq_out', # lstsq, lstsq_out or lstsq_mlp
+                 order=None,   # layers given r + 1 first (default: none)
+                 ) -> list:
+    "Per-layer ranks: even r (>= 1; >= 0 given an order), then r + 1 in order."
+    if kind not in ('lstsq', 'lstsq_out', 'lstsq_mlp'):
+        raise ValueError(f"a rank budget needs kind 'lstsq', 'lstsq_out' or "
+                         f"'lstsq_mlp', got {kind!r}")
     if isinstance(budget, bool) or not isinstance(budget, int):
         raise TypeError(f"the budget is a number of stored numbers (an int), "
                         f"got {budget!r}")
     parts = _shapes(model, kind)
-    cost = lambda r: sum(min(m * n, r * (m + n)) + b for (m, n), b in parts)
-    if budget < cost(1):
+    L, top = len(parts), max(min(s) for ps in parts for s, _ in ps)
+    low = 0 if order is not None else 1     # an order may start from δ alone
+    if budget < _cost(parts, [low] * L):
+        need = _cost(parts, [low] * L)
         raise ValueError(f"a budget of {budget:,} numbers is below the "
-                         f"rank-1 {kind} patch ({cost(1):,} numbers on "
-                         f"{len(parts)} matrices); give at least that")
-    top = max(min(s) for s, _ in parts)
-    return max(r for r in range(1, top + 1) if cost(r) <= budget)
+                         f"rank-{low} {kind} patch ({need:,} numbers on {L} "
+                         f"layers); give at least that")
+    r = max(r for r in range(low, top + 1) if _cost(parts, [r] * L) <= budget)
+    ranks = [r] * L
+    for l in ([] if order is None else order):
+        if _cost(parts, ranks[:l] + [r + 1] + ranks[l + 1:]) <= budget:
+            ranks[l] = r + 1
+    return ranks
+
+def budget_rank(model,                   # a supported transformers model
+                budget: int,             # numbers the patch may store
+                kind: str = 'lstsq_out', # lstsq, lstsq_out or lstsq_mlp
+                ) -> int:
+    "The largest rank r whose patch of `kind` on every layer fits `budget`."
+    return budget_ranks(model, budget, kind)[0]
 
 # %% ../nbs/11c_lm_thought.ipynb #bud1trunc
 def truncate(tp: ThoughtPatch,         # the patch
@@ -178,8 +204,8 @@ def truncate(tp: ThoughtPatch,         # the patch
         if M is None or rank >= min(M.shape): return M
         U, s, Vh = torch.linalg.svd(M, full_matrices=False)
         return (U[:, :rank] * s[:rank]) @ Vh[:rank]          # Eckart-Young
-    return ThoughtPatch([cut(M) for M in tp.M], tp.beta,
-                        [cut(M) for M in tp.M_out], tp.delta)
+    return type(tp)([cut(M) for M in tp.M], tp.beta,
+                    [cut(M) for M in tp.M_out], tp.delta)
 
 def low_rank_factors(M: torch.Tensor,   # (m, n) of rank <= r
                      r: int,    # the factors' inner size
@@ -213,7 +239,11 @@ def check_writable(path,                        # the file to write
                          f"is not writable")
 
 # %% ../nbs/11c_lm_thought.ipynb #c00711c
-THOUGHT_KINDS = ('lstsq', 'lstsq_out', 'bias', 'none')
+THOUGHT_KINDS = ('lstsq', 'lstsq_out', 'lstsq_mlp', 'bias', 'none')
+
+@dataclass
+class MlpPatch(ThoughtPatch):
+    "A thought patch whose M_out (d, d) reads the MLP's input a, not g."
 
 def _ridge(lam):
     return lambda A: lam * (A * A).sum(-1).mean().item()   # relative λ
@@ -230,12 +260,12 @@ def _fit_first(kind: str, lay, S: dict, af, rank, ridge) -> tuple:
     if kind == 'bias': return None, V.mean(0)
     return reduced_rank_fit(af, V, lam=ridge(af), rank=rank)
 
-def _fit_out(kind: str, S: dict, h, g, y, rank, ridge) -> tuple:
-    "(M_out, δ) on one layer's last matrix: what the stream still misses."
+def _fit_out(kind: str, S: dict, h, x, y, rank, ridge) -> tuple:
+    "(M_out, δ): what the stream still misses, from x (g, or a: lstsq_mlp)."
     R = (S['h'] + S['y']) - (h + y)         # with prompt - patched run
-    if kind in ('lstsq_out', 'lstsq'):
-        return reduced_rank_fit(g, R, lam=ridge(g), rank=rank)
-    return None, R.mean(0)                                     # bias
+    if kind in ('lstsq_out', 'lstsq', 'lstsq_mlp') and rank != 0:
+        return reduced_rank_fit(x, R, lam=ridge(x), rank=rank)
+    return None, R.mean(0)                         # bias, or rank 0: δ only
 
 # %% ../nbs/11c_lm_thought.ipynb #c00711d
 def _closed_loop(ad, kind: str, S: list, run: tuple, keep: int, mask, rank,
@@ -244,25 +274,28 @@ def _closed_loop(ad, kind: str, S: list, run: tuple, keep: int, mask, rank,
     x, pos, att = run
     L, after = len(ad.layers), _patched_at(pos, keep)
     sel = lambda t: after.to(t.dtype)
-    tp = ThoughtPatch([None] * L, [None] * L, [None] * L, [None] * L)
+    tp = (MlpPatch if kind == 'lstsq_mlp' else ThoughtPatch)(
+        [None] * L, [None] * L, [None] * L, [None] * L)
     pick = lambda t: t[:, keep:][mask]
-    h_free, add = [None] * L, [None] * L
+    rk = rank if isinstance(rank, (list, tuple)) else [rank] * L
+    h_free, add, a_in = [None] * L, [None] * L, [None] * L
 
     def on_h(l, h): h_free[l] = pick(h)
 
     def on_first(l, j, a):              # fitted at the first matrix's call
         if j == 0:
             tp.M[l], tp.beta[l] = _fit_first(kind, ad.layers[l], S[l],
-                                             pick(a), rank, ridge)
-            add[l] = split_first(ad.layers[l], tp.M[l], tp.beta[l], a, sel)
+                                             pick(a), rk[l], ridge)
+            add[l], a_in[l] = split_first(ad.layers[l], tp.M[l], tp.beta[l],
+                                          a, sel), a
         return add[l][j]
 
     def on_out(m, args, y, l):
         if kind == 'none': return y
-        tp.M_out[l], tp.delta[l] = _fit_out(kind, S[l], h_free[l],
-                                            pick(args[0]), pick(y), rank,
-                                            ridge)
-        return y + last_add(tp.M_out[l], tp.delta[l], args[0], sel)
+        xin = a_in[l] if kind == 'lstsq_mlp' else args[0]     # what it reads
+        tp.M_out[l], tp.delta[l] = _fit_out(kind, S[l], h_free[l], pick(xin),
+                                            pick(y), rk[l], ridge)
+        return y + last_add(tp.M_out[l], tp.delta[l], xin, sel)
 
     with torch.no_grad(), ExitStack() as st:
         hook_layers(st, ad, on_h, on_first, lambda l, g: 0.)
@@ -274,12 +307,24 @@ def _closed_loop(ad, kind: str, S: list, run: tuple, keep: int, mask, rank,
     return tp
 
 # %% ../nbs/11c_lm_thought.ipynb #c00711e
+def _check_ranks(rank, L: int):
+    "A rank: None (full), an int >= 1, or one per layer (0: only δ there)."
+    if rank is None: return
+    rs = list(rank) if isinstance(rank, (list, tuple)) else [rank]
+    bad = [r for r in rs if r is not None and (
+        isinstance(r, bool) or not isinstance(r, int) or r < 0)]
+    if bad or (not isinstance(rank, (list, tuple)) and rank == 0):
+        raise ValueError(f"a rank is None (full), an integer >= 1, or a list "
+                         f"of one per layer (0 = only the bias); got {rank!r}")
+    if isinstance(rank, (list, tuple)) and len(rs) != L:
+        raise ValueError(f"{len(rs)} ranks for a model of {L} layers")
+
 def fit_thought_patch(model,       # a supported transformers model
                       prompt_ids,  # (1, n) the prompt to stand in for
                       ids,         # (K, T) calibration queries (+ answers)
                       mask,        # (K, T) their real tokens
                       kind: str = 'lstsq_out',    # one of THOUGHT_KINDS
-                      rank: Optional[int] = None,  # rank-r optimum per fit
+                      rank=None,   # rank-r optimum per fit, or one per layer
                       lam: float = 0.1,   # ridge, relative to inputs' mean²
                       keep: int = 1,      # prompt tokens kept (start token)
                       states: Optional[dict] = None,  # prompt_states, reused
@@ -288,6 +333,7 @@ def fit_thought_patch(model,       # a supported transformers model
     if kind not in THOUGHT_KINDS:
         raise ValueError(f"kind must be one of {THOUGHT_KINDS}, got {kind!r}")
     ad = check_model(model)
+    _check_ranks(rank, len(ad.layers))
     states = states or prompt_states(model, prompt_ids, ids, mask)
     return _closed_loop(ad, kind, states['layers'],
                         _free_inputs(prompt_ids, ids, keep), keep, mask,
@@ -344,7 +390,7 @@ def thought_patched(model,             # a supported transformers model
     if len(tp.M) != len(ad.layers):
         raise ValueError(f"the patch has {len(tp.M)} layers, the model "
                          f"{len(ad.layers)}")
-    state = {}
+    state, a_in = {}, [None] * len(ad.layers)
     def pre(m, args, kw):
         pos = call_positions(args, kw)
         state['after'] = _patched_at(pos, keep)               # (B | 1, T, 1)
@@ -352,9 +398,11 @@ def thought_patched(model,             # a supported transformers model
             kw['position_ids'] = torch.where(pos >= keep, pos + shift, pos)
         return args, kw
     sel = lambda x: state['after'].to(x.dtype)
-    on_first = lambda l, j, a: split_first(ad.layers[l], tp.M[l],
-                                            tp.beta[l], a, sel)[j]
-    on_last = lambda l, g: last_add(tp.M_out[l], tp.delta[l], g, sel)
+    def on_first(l, j, a):
+        if j == 0: a_in[l] = a                   # an MlpPatch's M_out reads a
+        return split_first(ad.layers[l], tp.M[l], tp.beta[l], a, sel)[j]
+    on_last = lambda l, g: last_add(tp.M_out[l], tp.delta[l], a_in[l] if (
+        isinstance(tp, MlpPatch)) else g, sel)
     with ExitStack() as st:
         st.callback(ad.base.register_forward_pre_hook(
             pre, with_kwargs=True).remove)

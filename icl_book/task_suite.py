@@ -14,7 +14,7 @@ from .lm_thought import pad_batch
 
 # %% auto #0
 __all__ = ['TASKS', 'TEMPLATE', 'task_file', 'load_task', 'SplitConfig', 'template_parts', 'Split', 'TaskData', 'token_ids',
-           'demo_text', 'encode_task', 'CharTokenizer']
+           'demo_text', 'encode_task', 'kv_numel', 'budget_numbers', 'check_length', 'CharTokenizer']
 
 # %% ../nbs/11ca_task_suite.ipynb #e3aedd5c
 TASKS = ('antonym', 'capitalize', 'country-capital', 'english-french',
@@ -85,7 +85,7 @@ class SplitConfig:
     "How a task is cut: demonstrations, calibration, validation, test."
     shots: int = 10             # demonstrations in the in-context prompt
     n_cal: int = 64             # calibration queries (means, fits)
-    n_val: int = 16             # validation queries (layers, variants)
+    n_val: int = 32             # validation queries (layers, variants)
     n_test: int = 50            # held-out test queries
     seed: int = 0               # shuffles the task before it is split
     template: str = TEMPLATE    # one demonstration; the query ends before it
@@ -196,6 +196,44 @@ def encode_task(tok,    # a transformers tokenizer (or CharTokenizer)
     return TaskData(P, start, demos,
                     *(_encode(tok, p, cfg.template, start, w) for p, w in
                       zip(parts[1:], ('calibration', 'validation', 'test'))))
+
+# %% ../nbs/11ca_task_suite.ipynb #ts15kv
+def kv_numel(model,    # a transformers model (its config is read)
+             n: int,   # prompt tokens
+             ) -> int:
+    "Numbers in the KV cache of an n-token prompt."
+    c = model.config
+    nh = c.num_attention_heads
+    dh = getattr(c, 'head_dim', None) or c.hidden_size // nh
+    kv = getattr(c, 'num_key_value_heads', None) or nh
+    return n * c.num_hidden_layers * 2 * kv * dh
+
+def budget_numbers(model, budget,   # the model; an int, or 'kv/N'
+                   prompt_tokens: int,   # the prompt's length
+                   ) -> int:
+    "A budget in numbers: an int as it is, 'kv/N' the KV cache's N-th part."
+    if isinstance(budget, str) and budget.startswith('kv/'):
+        N = budget[3:]
+        if N.isdigit() and int(N) >= 1:
+            return kv_numel(model, prompt_tokens) // int(N)
+    if isinstance(budget, int) and not isinstance(budget, bool): return budget
+    raise ValueError(f"a budget is a number of stored numbers or 'kv/N' (the "
+                     f"prompt's KV cache over N), got {budget!r}")
+
+def check_length(model,           # the model the task will run on
+                 td: TaskData,    # the encoded task
+                 max_tokens: int,   # the caller's limit
+                 ) -> None:
+    "Refuse a prompt + query longer than max_tokens or the model allows."
+    n = td.prompt.shape[1] + max(s.ids.shape[1] for s in td[3:])  # splits
+    pos = getattr(model.config, 'max_position_embeddings', None) or n
+    limit, why = min((max_tokens, 'max_tokens (--max-tokens)'),
+                     (pos, "the model's position limit"))
+    if n > limit:
+        raise ValueError(
+            f"the prompt ({td.prompt.shape[1]} tokens) and the longest query "
+            f"and answer make {n} tokens, more than {limit} ({why}): shorten "
+            f"the examples or use fewer shots")
 
 # %% ../nbs/11ca_task_suite.ipynb #ts16
 class CharTokenizer:

@@ -76,6 +76,8 @@ def test_reproduce_prints_the_claims_numbers(claim, keys):
     (["verify", "--heads", "3"], "multiple of heads=3"),
     (["compress", "--task", "antonym", "--seed", str(2**64), "--quiet"],
      "--seed must be an integer in 0.."),          # before SmolLM2 loads
+    (["compress", "--task", "antonym", "--budget", "kv/0", "--quiet"],
+     "give a number, kv/N or none"),
 ])
 def test_huge_or_bad_sizes_are_one_line_not_a_traceback(args, msg):
     r, _ = run(*args)

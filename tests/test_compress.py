@@ -391,20 +391,36 @@ def test_reduced_rank_fit_is_the_constrained_optimum(lam):
     assert abs(_objective(A, V, Mo, bo, lam) - J) < 1e-9 * J
 
 
-def test_budget_numbers_stored_are_what_the_json_says(tiny, tmp_path):
-    from icl_book.lm_thought import budget_rank
+def _stored(tp):
+    "Numbers a patch stores, its matrices counted at their true rank."
+    ranks = [0 if M is None else torch.linalg.matrix_rank(M).item()
+             for M in tp.M_out]
+    return ranks, sum(r * sum(M.shape) for r, M in zip(ranks, tp.M_out)
+                      if M is not None) + sum(d.numel() for d in tp.delta)
+
+
+@pytest.mark.parametrize("budget", [1000, "kv/3"])
+def test_budget_numbers_stored_are_what_the_json_says(tiny, tmp_path, budget):
+    from icl_book.lm_thought import budget_ranks
     cfg = C.CompressConfig(shots=3, n_cal=6, n_val=4, n_test=5, seed=1,
-                           n_aie=1, budget=1000)
+                           n_aie=1, budget=budget)
     res, objs = C.evaluate(tiny, CharTok(), PAIRS, cfg,
                            methods=("icl", "thought_patch"))
+    B = res["budget"]["numbers"]
+    assert B == (1000 if budget == 1000 else res["numel"]["icl"] // 3)
+    assert res["budget"]["asked"] == budget
+    assert set(res["variants"]) <= set(C.BUDGETED) and res["variants"]
+    for name, v in res["variants"].items():      # every candidate fits it
+        assert v["numel"] <= B and v["rank"] == budget_ranks(
+            tiny, B, name.split()[0], range(3, -1, -1) if "late" in name
+            else None)
     tp = objs["thought_patch"].patch
-    ranks = [torch.linalg.matrix_rank(M).item() for M in tp.M_out]
-    stored = sum(r * sum(M.shape) for r, M in zip(ranks, tp.M_out)) + sum(
-        d.numel() for d in tp.delta)
-    assert all(M is None for M in tp.M) and len(set(ranks)) == 1
-    assert res["budget"]["rank"] == ranks[0] == budget_rank(tiny, 1000)
+    ranks, stored = _stored(tp)
+    assert all(M is None for M in tp.M)
+    assert res["budget"]["rank"] == ranks == res["variants"][
+        res["thought_patch_kind"]]["rank"]
     assert res["budget"]["numel"] == res["numel"]["thought_patch"] == stored
-    assert stored <= 1000 < stored + 4 * sum(tp.M_out[0].shape)
+    assert stored <= B
     assert res["budget"]["kv_cache"] == res["numel"]["icl"]
     objs["thought_patch"].save(tmp_path / "b.pt")      # the file holds that
     raw = torch.load(tmp_path / "b.pt", weights_only=True)["patch"]
@@ -412,11 +428,34 @@ def test_budget_numbers_stored_are_what_the_json_says(tiny, tmp_path):
              for t in (x if isinstance(x, list) else [x]) if t is not None]
     assert sum(t.numel() for t in parts) == stored
     back = C.Compressed.load(tmp_path / "b.pt").patch
+    assert type(back) is type(tp)
     for a, b in zip(back.M_out, tp.M_out):
         assert (a - b).abs().max() < 1e-10
+
+
+def test_budget_too_small_or_malformed_is_refused(tiny):
+    small = C.CompressConfig(shots=3, n_cal=6, n_val=4, n_test=5, budget=10)
     with pytest.raises(ValueError, match="below the rank-1"):
-        C.evaluate(tiny, CharTok(), PAIRS, C.CompressConfig(
-            shots=3, n_cal=6, n_val=4, n_test=5, budget=10))
+        C.evaluate(tiny, CharTok(), PAIRS, small)
+    res, _ = C.evaluate(tiny, CharTok(), PAIRS, small,       # not asked for:
+                        methods=("icl", "task_vector"))     # no refusal
+    assert res["budget"]["numbers"] is None and res["thought_patch"] is None
+    for bad in ("kv/0", "kv", 2.5, True):
+        with pytest.raises(ValueError, match="a budget is"):
+            C.evaluate(tiny, CharTok(), PAIRS, C.CompressConfig(
+                shots=3, n_cal=6, n_val=4, n_test=5, budget=bad))
+
+
+def test_uniform_rank_r_patch_has_rank_r_and_its_size(tiny):
+    """--rank R keeps its meaning: the rank-R optimum on every layer."""
+    cfg = C.CompressConfig(shots=3, n_cal=6, n_val=4, n_test=5, seed=1,
+                           rank=2)
+    res, objs = C.evaluate(tiny, CharTok(), PAIRS, cfg,
+                           methods=("icl", "thought_patch"))
+    ranks, stored = _stored(objs["thought_patch"].patch)
+    assert ranks == [2] * 4 and res["budget"]["rank"] == 2
+    assert res["budget"]["numbers"] is None
+    assert res["numel"]["thought_patch"] == stored == 4 * (2 * 96 + 32)
 
 
 def test_fast_layer_search_equals_a_whole_run_per_layer(tiny, td):

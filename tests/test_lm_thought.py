@@ -171,3 +171,67 @@ def test_reduced_rank_fit_rank_2_beats_brute_force_and_svd(K, d, H, lam):
     U, s, Vh = torch.linalg.svd(Mh, full_matrices=False)
     Ms = (U[:, :2] * s[:2]) @ Vh[:2]
     assert J <= _J(A, V, Ms, V.mean(0) - Ms @ A.mean(0), lam)
+
+
+# ---- the MLP bypass and per-layer ranks --------------------------------------
+def test_mlp_bypass_is_applied_as_it_was_fitted(setup):
+    """Full rank, no ridge to speak of: 30 positions, d = 32 inputs per layer,
+    so each layer's fit interpolates and the patched run without the prompt
+    reproduces the with-prompt log-probs; off by the MLP's input (reading g,
+    or adding nowhere) it would not."""
+    from icl_book.lm_thought import MlpPatch
+    model, P, ids, mask = setup
+    tp = fit_thought_patch(model, P, ids, mask, "lstsq_mlp", lam=1e-12)
+    assert isinstance(tp, MlpPatch) and tp.M_out[0].shape == (32, 32)
+    ref = teacher_forced(model, P, ids, prompt=True)
+    assert (teacher_forced(model, P, ids, tp) - ref).abs().max() < 1e-8
+    none = teacher_forced(model, P, ids)
+    assert (none - ref).abs().max() > 1e-2             # the prompt matters
+    with thought_patched(model, tp):       # a plain call: the same numbers
+        x = torch.cat([P[:, :1].expand(6, 1), ids], 1)
+        pos = torch.cat([torch.zeros(1, dtype=torch.long),
+                         torch.arange(7, 12)])
+        with torch.no_grad():
+            lp = model(x, position_ids=pos.expand(6, 6),
+                       attention_mask=torch.ones_like(x)).logits[:, 1:]
+    assert (lp.log_softmax(-1) - ref).abs().max() < 1e-8
+
+
+def test_per_layer_ranks_and_budget_ranks(setup):
+    from icl_book.lm_thought import budget_ranks
+    model, P, ids, mask = setup
+    for kind, m in (("lstsq_out", 64), ("lstsq_mlp", 32)):
+        tp = fit_thought_patch(model, P, ids, mask, kind, [0, 2, 1])
+        got = [None if M is None else torch.linalg.matrix_rank(M).item()
+               for M in tp.M_out]
+        assert got == [None, 2, 1]
+        assert patch_numel(tp, [0, 2, 1]) == 3 * (32 + m) + 3 * 32
+        assert patch_numel(tp, [0, 2, 1]) == sum(
+            r * sum(M.shape) for r, M in zip([2, 1], tp.M_out[1:])) + sum(
+            d.numel() for d in tp.delta)
+    one = 3 * (1 * 64 + 32)                           # rank 1, lstsq_mlp
+    assert budget_ranks(model, one, "lstsq_mlp") == [1, 1, 1]
+    assert budget_ranks(model, one + 64, "lstsq_mlp", [2, 1, 0]) == [1, 1, 2]
+    assert budget_ranks(model, one + 64, "lstsq_mlp", [0, 1, 2]) == [2, 1, 1]
+    assert budget_ranks(model, one + 63, "lstsq_mlp", [2, 1, 0]) == [1, 1, 1]
+    with pytest.raises(ValueError, match="below the rank-1 lstsq_mlp"):
+        budget_ranks(model, one - 1, "lstsq_mlp")
+    for bad in ([1, 2], [1, -1, 1], 0, [1.5, 1, 1]):
+        with pytest.raises(ValueError):
+            fit_thought_patch(model, P, ids, mask, "lstsq_mlp", bad)
+
+
+def test_a_budget_below_rank_1_everywhere_starts_from_the_bias(setup):
+    """With an order, a budget below rank 1 on every layer keeps δ everywhere
+    and gives rank 1 to the layers of the order that fit; without, refused."""
+    from icl_book.lm_thought import budget_ranks
+    model, P, ids, mask = setup
+    bias = 3 * 32                                       # δ on 3 layers
+    assert budget_ranks(model, bias + 64, "lstsq_mlp", [2, 1, 0]) == [0, 0, 1]
+    assert budget_ranks(model, bias, "lstsq_mlp", [2, 1, 0]) == [0, 0, 0]
+    with pytest.raises(ValueError, match="below the rank-0 lstsq_mlp"):
+        budget_ranks(model, bias - 1, "lstsq_mlp", [2, 1, 0])
+    with pytest.raises(ValueError, match="below the rank-1 lstsq_mlp"):
+        budget_ranks(model, bias + 64, "lstsq_mlp")
+    tp = fit_thought_patch(model, P, ids, mask, "lstsq_mlp", [0, 0, 1])
+    assert patch_numel(tp, [0, 0, 1]) == bias + 64 == tp.numel() - 32 * 32 + 64

@@ -48,6 +48,7 @@ MEASURE = r"""
 
 # What a reader of the typeset page would see wrong, in one pass (1400 px):
 # tables wider than the article's column (cut off or scrolled out of view),
+# display formulas wider than it (scrolled, the rest out of view),
 # formulas MathJax could not typeset (an error, or an undefined macro that
 # it shows in red), and TeX source left in the text outside any formula.
 CHECKS = r"""
@@ -64,6 +65,44 @@ CHECKS = r"""
     if (!t.offsetParent || t.closest('.widget-vbox, .jupyter-widgets')) continue;
     const w = Math.max(t.getBoundingClientRect().width, t.scrollWidth);
     if (w > col + 1) tables.push({table: label(t), width: Math.round(w), column: Math.round(col)});
+  }
+  // display formulas wider than the column: the theme scrolls them in a box
+  // whose scrollbar is hidden, so the reader sees the formula cut off
+  const wideMath = [];
+  for (const c of art.querySelectorAll('mjx-container[display="true"]')) {
+    if (!c.offsetParent) continue;
+    const inner = c.firstElementChild, w = Math.max(c.scrollWidth, inner ? inner.getBoundingClientRect().width : 0);
+    if (w > Math.min(col, c.clientWidth) + 1) {
+      const mml = c.querySelector('mjx-assistive-mml');
+      wideMath.push((mml ? mml.textContent : c.textContent).trim().replace(/\s+/g, ' ').slice(0, 60));
+    }
+  }
+  // words of a table cell broken across lines (a row name cut as 'patt/ern',
+  // a number as '1.3e-/07'); a break may fall at a space, or after a hyphen
+  // or dash that a letter follows (pre-/norm); code names may wrap anywhere
+  const broken = [];
+  for (const cell of art.querySelectorAll('table th, table td')) {
+    if (!cell.offsetParent || cell.closest('.widget-vbox, .jupyter-widgets')) continue;
+    const tw = document.createTreeWalker(cell, NodeFilter.SHOW_TEXT);
+    for (let n = tw.nextNode(); n; n = tw.nextNode()) {
+      if (n.parentElement.closest('code, .pre, mjx-container, .MathJax')) continue;
+      const word = /(?:[^\s\-–]|[\-–](?![A-Za-z]))+[\-–]?/g;
+      for (let m = word.exec(n.textContent); m; m = word.exec(n.textContent)) {
+        if (m[0].replace(/[^A-Za-z0-9]/g, '').length < 3) continue;
+        const r = document.createRange(); r.setStart(n, m.index); r.setEnd(n, m.index + m[0].length);
+        const lines = new Set([...r.getClientRects()].filter(x => x.width > 0).map(x => Math.round(x.top)));
+        if (lines.size > 1) broken.push(m[0].slice(0, 40));
+      }
+    }
+  }
+  // printed output lines longer than the column: their box scrolls with a
+  // hidden scrollbar, and the end of the line is out of view
+  const wideOut = [];
+  for (const p of art.querySelectorAll('.cell_output pre, .output pre')) {
+    if (!p.offsetParent || p.scrollWidth <= p.clientWidth + 2) continue;
+    const lines = p.textContent.split('\n');
+    const long = lines.reduce((a, l) => (l.length > a.length ? l : a), '');
+    wideOut.push(long.trim().slice(0, 50));
   }
   const math = [];
   for (const c of document.querySelectorAll('mjx-container')) {
@@ -85,7 +124,7 @@ CHECKS = r"""
     if (m) { const i = n.textContent.indexOf(m[0]);
              tex.push(n.textContent.slice(Math.max(0, i - 30), i + 30).replace(/\s+/g, ' ').trim()); }
   }
-  report({tables, math, tex, column: Math.round(col),
+  report({tables, math, tex, wide_math: wideMath, broken: [...new Set(broken)], wide_output: wideOut, column: Math.round(col),
           typeset: document.querySelectorAll('mjx-container').length,
           sources: art.querySelectorAll('.math').length});
 """

@@ -415,7 +415,7 @@ def static_explorer(grid: Optional[dict] = None,  # axes; see STATIC_GRID
     panels = int(np.prod([len(v) for v in g.values()]))
     note = widgets.HTML(
         f"<i>{panels} settings precomputed when the page was built"
-        " (prefix chunk, k = n // 3): the controls switch between them in the browser, no "
+        " (prefix chunk, k = ⌊n/3⌋): the controls switch between them in the browser, no "
         "kernel needed. Every setting, live: <code>explorer()</code> in "
         "Jupyter.</i>")
     box = widgets.VBox([widgets.HBox([ctl['kind'], ctl['depth']]), ctl['n'],

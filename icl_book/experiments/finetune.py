@@ -367,7 +367,7 @@ def plot_factors(runs: dict,   # `finetune_runs`
                  ):
     "Figure: left and right factor cosines, both settings; attn10 per layer."
     set_style()
-    fig = plt.figure(figsize=(11, 8.5))
+    fig = plt.figure(figsize=(8.6, 8))     # about the page's width: no downscaling
     grid = fig.add_gridspec(2, 2, height_ratios=(1, 0.9))
     a, b = fig.add_subplot(grid[0, 0]), fig.add_subplot(grid[0, 1])
     c = fig.add_subplot(grid[1, :])
@@ -383,7 +383,7 @@ def plot_factors(runs: dict,   # `finetune_runs`
           title='(a) input-space factors')
     b.set(xlabel=r'left: $\cos(W(A_{i+1}-A_i), -\rho_{i+1})$', ylabel='density',
           title='(b) hidden-space factors')
-    for ax in (a, b): _legend_below(ax)
+    for ax in (a, b): ax.set_xticks([-1, -0.5, 0, 0.5, 1]); _legend_below(ax)
     l = range(1, len(layers) + 1)
     c.errorbar(l, layers['null_median'], 2 * layers['null_sd'], fmt='none',
                color='0.5', capsize=3, label='null ± 2 sd')
