@@ -89,6 +89,7 @@ def _write_hooks(st: ExitStack, lay, l: int, rows, fn: dict,
     if 'post' in fn and lay.post is not None:
         _put(st, lay.post, _replacing(fn['post'], rows, l))
 
+# %% ../nbs/11b_hf_patch.ipynb #c00913c
 def _hooks(st: ExitStack, ad: Adapter, B: int, **fn) -> None:
     """Hooks on every layer, removed when `st` closes. Callbacks get (B, T, ·)
     rows; what `first`, `last`, `post` or `moe` return replaces the output."""

@@ -283,6 +283,7 @@ def _join(ps: list) -> list:
         return [RankOne(torch.cat([p.u for p in ps], -1), ps[0].v)]
     return ps
 
+# %% ../nbs/11e_lm_dynamics.ipynb #c01811e2
 PARTS = {'first': "the first MLP matrices (router and experts in a MoE)",
          'last': "the MLP's last matrix", 'post': "the norm after the MLP"}
 

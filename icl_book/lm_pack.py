@@ -134,6 +134,7 @@ def _check_prefix_model(ad, model, n: int, q: int, mode: str) -> None:
             f"{win} tokens in code, not through the mask, and "
             f"the prompt has {n + q}: shorten it or use method='loop'")
 
+# %% ../nbs/11da_lm_pack.ipynb #c01011db
 _BUDGET = 2 ** 25          # numbers held per chunk (factors, scores)
 
 def _chunk_size(ad, n: int, q: int) -> int:
