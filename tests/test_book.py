@@ -335,9 +335,7 @@ KNOWN = {
     "broken-word": {},         # page -> a table cell's word cut across two lines
     "dangling-colon": {},      # page -> the end of a paragraph that announces nothing
     # page -> the start of a printed line longer than the column (scrolled out of view)
-    "output-too-wide": {"nbs/11e_lm_dynamics": [
-        "one pass vs the loop, worst relative error of a la",
-        "token steps, one pass vs the loop (float64): llama"]},
+    "output-too-wide": {},
     "raw-tex": {},             # page -> text around the TeX outside maths
     "uncaptioned-table": {},   # page -> the table's first header cells
     "progress-bar": {},        # page -> the matched output text

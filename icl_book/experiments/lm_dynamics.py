@@ -55,7 +55,7 @@ def plot_token_updates(U: torch.Tensor,  # steps (n, L), from token_updates
     ax.set_xticks(range(n), [repr(s)[1:-1] for s in labels], rotation=90,
                   fontsize=8)
     ax.set(ylabel='layer', xlabel='context token $c_i$')
-    ax.set_yticks(range(0, L, 5), range(1, L + 1, 5)); ax.grid(False)
+    ax.set_yticks(range(0, L, 5)); ax.grid(False)       # layers from 0
     fig.colorbar(im, ax=ax,
                  label=r'$\log_{10}\|\Delta W_i - \Delta W_{i-1}\|_F$')
     fig.tight_layout()
