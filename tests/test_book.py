@@ -474,8 +474,9 @@ def test_no_raw_markdown(book, doc):
 MAKING_OF = [r"PAPER\.md", r"MODELS\.md", r"\bthe issue\b", r"third-party summar",
              r"could not be consulted", r"not in the available text", r"no number found",
              r"No machine that builds this book", r"earlier version of this chapter",
-             r"Both were dropped", r"for old imports", r"\(goal: ", r"\d-core machine",
-             r"while other jobs shared", r"\btook \d[\d.,]* ?(?:s|seconds)\b"]
+             r"Both were dropped", r"for old imports", r"\(goal: ",
+             r"\b(?:\d|two|four)-core machine", r"while other jobs shared",
+             r"\btook \d[\d.,–-]* ?(?:s|seconds|minutes?)\b"]
 
 
 @pytest.mark.parametrize("doc", _toc_files())
