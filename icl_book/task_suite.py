@@ -13,8 +13,8 @@ import torch
 from .lm_thought import pad_batch
 
 # %% auto #0
-__all__ = ['TASKS', 'TEMPLATE', 'task_file', 'load_task', 'SplitConfig', 'template_parts', 'Split', 'TaskData', 'token_ids',
-           'demo_text', 'encode_task', 'kv_numel', 'budget_numbers', 'check_length', 'CharTokenizer']
+__all__ = ['TASKS', 'TEMPLATE', 'task_file', 'load_task', 'task_name', 'SplitConfig', 'template_parts', 'Split', 'TaskData',
+           'token_ids', 'demo_text', 'encode_task', 'kv_numel', 'budget_numbers', 'check_length', 'CharTokenizer']
 
 # %% ../nbs/11ca_task_suite.ipynb #e3aedd5c
 TASKS = ('antonym', 'capitalize', 'country-capital', 'english-french',
@@ -78,6 +78,13 @@ def load_task(task,   # a name in TASKS, a JSON file, or a list of objects
         seen[x] = i
         pairs.append((x, y))
     return pairs
+
+def task_name(task,   # a name in TASKS, a JSON file, or a list of objects
+              ) -> str:
+    "What results call a task: its built-in name, the file's stem, 'custom'."
+    if isinstance(task, (str, Path)):
+        return str(task) if str(task) in TASKS else Path(task).stem
+    return 'custom'
 
 # %% ../nbs/11ca_task_suite.ipynb #19388530
 @dataclass

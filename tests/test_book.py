@@ -339,7 +339,7 @@ KNOWN = {
     "raw-tex": {},             # page -> text around the TeX outside maths
     "uncaptioned-table": {},   # page -> the table's first header cells
     "progress-bar": {},        # page -> the matched output text
-    "making-of": {"nbs/11d_compress": ["two-core machine", "its older name"]},  # page -> the phrase
+    "making-of": {},           # page -> the phrase
     "glued-plural": {},        # page -> the matched words
     "wrong-doc-link": {},      # page -> "name -> target (defined in)"
     "wider-than-phone": {},    # page -> the elements that reach past 390 px
@@ -555,7 +555,7 @@ MAKING_OF = [r"PAPER\.md", r"MODELS\.md", r"\bthe issue\b", r"third-party summar
              r"No machine that builds this book", r"earlier version of this chapter",
              r"Both were dropped", r"for old imports", r"\(goal: ", r"\b(?:\d|two|four)-core machine",
              r"\bits older name\b",
-             r"while other jobs shared", r"\btook \d[\d.,]* ?(?:s|seconds)\b",
+             r"while other jobs shared", r"\btook \d[\d.,–-]* ?(?:s|seconds|minutes?)\b",
              r"\bthe (?:target|goal) (?:is|was) (?:a |an )?(?:ratio|speedup|time)"]
 
 

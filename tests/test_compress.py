@@ -399,37 +399,49 @@ def _stored(tp):
                       if M is not None) + sum(d.numel() for d in tp.delta)
 
 
-@pytest.mark.parametrize("budget", [1000, "kv/3"])
-def test_budget_numbers_stored_are_what_the_json_says(tiny, tmp_path, budget):
+@pytest.mark.parametrize("budget,budgeted", [
+    (1000, None), ("kv/3", None),                  # validation's choice
+    (1000, (C.TV + "lstsq_mlp budget late",)),    # the task vector + patch
+    ("kv/3", (C.TV + "lstsq_out budget",))])
+def test_budget_numbers_stored_are_what_the_json_says(tiny, tmp_path, budget,
+                                                      budgeted):
     from icl_book.lm_thought import budget_ranks
     cfg = C.CompressConfig(shots=3, n_cal=6, n_val=4, n_test=5, seed=1,
-                           n_aie=1, budget=budget)
+                           n_aie=1, budget=budget, budgeted=budgeted)
     res, objs = C.evaluate(tiny, CharTok(), PAIRS, cfg,
                            methods=("icl", "thought_patch"))
     B = res["budget"]["numbers"]
     assert B == (1000 if budget == 1000 else res["numel"]["icl"] // 3)
     assert res["budget"]["asked"] == budget
-    assert set(res["variants"]) <= set(C.BUDGETED) and res["variants"]
+    assert set(res["variants"]) <= set(budgeted or C.BUDGETED)
+    assert res["variants"]
     for name, v in res["variants"].items():      # every candidate fits it
+        d = 32 if name.startswith(C.TV) else 0    # the task vector's numbers
         assert v["numel"] <= B and v["rank"] == budget_ranks(
-            tiny, B, name.split()[0], range(3, -1, -1) if "late" in name
-            else None)
-    tp = objs["thought_patch"].patch
+            tiny, B - d, name.removeprefix(C.TV).split()[0],
+            range(3, -1, -1) if "late" in name else None)
+    c = objs["thought_patch"]
+    tp, on_tv = c.patch, res["thought_patch_kind"].startswith(C.TV)
     ranks, stored = _stored(tp)
+    vec = 0 if c.vector is None else c.vector.numel()
+    assert (vec, c.layer is None) == ((32, False) if on_tv else (0, True))
+    assert c.layer == res["budget"]["vector_layer"]
     assert all(M is None for M in tp.M)
     assert res["budget"]["rank"] == ranks == res["variants"][
         res["thought_patch_kind"]]["rank"]
-    assert res["budget"]["numel"] == res["numel"]["thought_patch"] == stored
-    assert stored <= B
+    assert res["budget"]["numel"] == res["numel"]["thought_patch"] == (
+        stored + vec)
+    assert stored + vec <= B
     assert res["budget"]["kv_cache"] == res["numel"]["icl"]
-    objs["thought_patch"].save(tmp_path / "b.pt")      # the file holds that
-    raw = torch.load(tmp_path / "b.pt", weights_only=True)["patch"]
-    parts = [t for k in ("M", "M_out", "beta", "delta") for x in raw[k]
-             for t in (x if isinstance(x, list) else [x]) if t is not None]
-    assert sum(t.numel() for t in parts) == stored
-    back = C.Compressed.load(tmp_path / "b.pt").patch
-    assert type(back) is type(tp)
-    for a, b in zip(back.M_out, tp.M_out):
+    c.save(tmp_path / "b.pt")                          # the file holds that
+    raw = torch.load(tmp_path / "b.pt", weights_only=True)
+    parts = [t for k in ("M", "M_out", "beta", "delta") for x in raw[
+        "patch"][k] for t in (x if isinstance(x, list) else [x])
+        if t is not None] + [t for t in [raw["vector"]] if t is not None]
+    assert sum(t.numel() for t in parts) == stored + vec
+    back = C.Compressed.load(tmp_path / "b.pt")
+    assert type(back.patch) is type(tp) and back.numel() == stored + vec
+    for a, b in zip(back.patch.M_out, tp.M_out):
         assert (a - b).abs().max() < 1e-10
 
 
@@ -564,7 +576,7 @@ def test_compress_computes_only_what_its_method_needs(tiny, monkeypatch):
         asked.append(a[4] if len(a) > 4 else k.get("parts"))
         return real(*a, **k)
 
-    monkeypatch.setattr(C, "icl_states", spy)
+    monkeypatch.setattr(B, "icl_states", spy)      # reference_run's
     c = C.compress(tiny, CharTok(), PAIRS, "task_vector", CFG)
     assert asked == [("out",)] and c.method == "task_vector"
     assert set(c.info["test"]) == {"accuracy_first", "accuracy", "kl_first"}

@@ -58,15 +58,32 @@ def _storage_points(rows) -> dict:
                 (v['numel'], v['accuracy_first']))
     return pts
 
+def _spread(pts: dict,      # name -> (numbers stored, accuracy)
+            gap: float = 0.15,  # decades between neighbours' centres
+            near: float = 0.02,  # accuracy closer than this: neighbours
+            ) -> dict:
+    "Where to draw each x: markers that would cover each other side by side."
+    lx = {k: np.log10(n) for k, (n, _) in pts.items()}
+    at, last = {}, []                       # last: the markers drawn so far
+    for k in sorted(pts, key=lambda k: lx[k]):
+        hit = [j for j in last if abs(pts[j][1] - pts[k][1]) < near
+               and lx[k] - at[j] < gap]
+        at[k] = max([lx[k]] + [at[j] + gap for j in hit])
+        last.append(k)
+    return {k: 10 ** at[k] for k in pts}
+
+# %% ../../nbs/11d_compress.ipynb #bx2plot
 def plot_storage(rows,   # read_bench's lines
                  ) -> 'matplotlib.figure.Figure':
     "Figure: mean accuracy against numbers stored, per method and variant."
     set_style()
     fig, ax = plt.subplots(figsize=(7.6, 6.2))
     marks = 'osD^v<>PX*hp'                  # one marker and colour per method:
-    for i, (k, p) in enumerate(_storage_points(rows).items()):   # a legend
-        n, a = np.mean([q[0] for q in p]), np.mean([q[1] for q in p])
-        ax.scatter(n, a, s=46, marker=marks[i % len(marks)], zorder=3,
+    pts = {k: (np.mean([q[0] for q in p]), np.mean([q[1] for q in p]))
+           for k, p in _storage_points(rows).items()}
+    x = _spread(pts)                        # neighbours side by side
+    for i, (k, (n, a)) in enumerate(pts.items()):                # a legend
+        ax.scatter(x[k], a, s=46, marker=marks[i % len(marks)], zorder=3,
                    color=plt.get_cmap('tab20')(i % 20),
                    label=k.replace('icl', 'in-context (KV cache)'))
     zs = np.mean([r['zero_shot'] for r in rows])
