@@ -2,13 +2,15 @@
 
 Property tests draw depths, widths, heads, layer kinds, causal/bidirectional
 attention, context and query lengths and both patch forms; exactness is
-checked in float64 (1e-10) and float32 (1e-5).
+checked in float64 (1e-10) and float32 (1e-5, or 10x the float32 run's own
+error against float64 where the model amplifies round-off).
 """
+import copy
 import json
 
 import pytest
 import torch
-from hypothesis import given, settings, strategies as st
+from hypothesis import example, given, settings, strategies as st
 from torch import nn
 
 from icl_book.blocks import LAYER_KINDS, PreLNBlock, PreLNStack, StackConfig
@@ -54,12 +56,25 @@ def test_end_to_end_exact_at_every_layer_and_position_float64(case, mode):
     assert max(err["per_layer"] + [err["output"]]) <= 1e-10, err
 
 
+def own_roundoff(model, C, x) -> float:
+    "The float32 with-context run's own error: against the same model in float64."
+    X, q = torch.cat([C, x], 1), x.shape[1]
+    with torch.no_grad():
+        return rel_err(model(X)[:, -q:].double(),
+                       copy.deepcopy(model).double()(X.double())[:, -q:])
+
+
 @SETTINGS
 @given(case=stacks("float32"), mode=st.sampled_from(MODES))
+@example(case=(StackConfig(depth=2, d_model=2, heads=1, d_mlp=10, kind="softmax",
+                           causal=True, seed=40, dtype="float32"), (2, 10, 3), 1127),
+         mode="bias")      # a LayerNorm over d = 2 amplifies round-off: 5e-5, the run's own
 def test_end_to_end_float32_is_round_off(case, mode):
+    "Within 1e-5, or within 10x the error of the with-context run itself in float32."
     model, C, x = build(case)
     err = patch_errors(model, C, x, mode)
-    assert max(err["per_layer"] + [err["output"]]) <= 1e-5, err
+    tol = max(1e-5, 10 * own_roundoff(model, C, x))
+    assert max(err["per_layer"] + [err["output"]]) <= tol, (err, tol)
 
 
 @SETTINGS
