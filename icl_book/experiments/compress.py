@@ -74,6 +74,7 @@ def _spread(pts: dict,      # name -> (numbers stored, accuracy)
 
 # %% ../../nbs/11d_compress.ipynb #bx2plot
 def plot_storage(rows,   # read_bench's lines
+                 name=str,  # a point's name (method, 'patch: variant') as shown
                  ) -> 'matplotlib.figure.Figure':
     "Figure: mean accuracy against numbers stored, per method and variant."
     set_style()
@@ -85,7 +86,7 @@ def plot_storage(rows,   # read_bench's lines
     for i, (k, (n, a)) in enumerate(pts.items()):                # a legend
         ax.scatter(x[k], a, s=46, marker=marks[i % len(marks)], zorder=3,
                    color=plt.get_cmap('tab20')(i % 20),
-                   label=k.replace('icl', 'in-context (KV cache)'))
+                   label=name(k).replace('icl', 'in-context (KV cache)'))
     zs = np.mean([r['zero_shot'] for r in rows])
     ax.axhline(zs, color='gray', ls=':', lw=1, label='zero-shot')
     ax.set(xscale='log', xlabel='numbers stored',
