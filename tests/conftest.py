@@ -235,3 +235,29 @@ def ctrl_c_raises():
         signal.signal(signal.SIGINT, old)
     else:
         yield
+
+
+def dense_steps(ad, patches, part):
+    "(n, L) steps of the measured maps, from dense matrices per prefix."
+    import torch
+    from icl_book.lm_dynamics import PARTS
+    assert set(PARTS) == {"first", "last", "post"}
+    rows, prev = [], None
+    for p in patches:
+        now = []
+        for l, lp in enumerate(p.layers):
+            pl, lay = part if isinstance(part, str) else part[l], ad.layers[l]
+            if pl == "first":
+                mats = [torch.outer(r.u[0, -1], r.v[0, -1]) for r in lp.dW]
+            elif pl == "last":
+                mats = [torch.outer(lp.dW_out.u[0, -1], lp.dW_out.v[0, -1])]
+            else:
+                s = (lay.family or ad.family).post_offset + lay.post.weight
+                mats = [lp.ds_post[0, -1] * s]
+            now.append(mats)
+        rows.append(torch.stack([
+            sum(((a - (b if prev else 0)) ** 2).sum()
+                for a, b in zip(now[l], (prev or now)[l])).sqrt()
+            for l in range(len(now))]))
+        prev = now
+    return torch.stack(rows)

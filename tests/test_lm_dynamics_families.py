@@ -15,7 +15,7 @@ import torch
 pytest.importorskip("transformers", reason="the hf extra is not installed: "
                     "pip install 'transformers>=5,<6' gguf accelerate")
 
-from conftest import random_ids, snapshot  # noqa: E402
+from conftest import dense_steps, random_ids, snapshot  # noqa: E402
 from icl_book.blocks import RankOne  # noqa: E402
 from icl_book.core import rel_err  # noqa: E402
 from icl_book.families import adapter, tiny_model  # noqa: E402
@@ -66,30 +66,10 @@ CASES = {                       # name: (arch, config), prompt 10 + 2 tokens
 }
 
 
-def measured(ad, p, l, part):
-    "Factors (u, v) of the measured change at the query's last token."
-    lp = p.layers[l]
-    if part == "first":
-        return [(r.u[0, -1], r.v[0, -1]) for r in lp.dW]
-    if part == "last":
-        return [(lp.dW_out.u[0, -1], lp.dW_out.v[0, -1])]
-    scale = ad.family.post_offset + ad.layers[l].post.weight
-    return [(lp.ds_post[0, -1] * scale, torch.ones(1, dtype=scale.dtype))]
-
-
 def loop_steps(m, C, x, part):
     "(n, L) steps from one context_patches per prefix, dense matrices."
-    ad, prev, rows = adapter(m), None, []
-    for i in range(1, C.shape[1] + 1):
-        p = context_patches(m, C[:, :i], x)
-        now = [[torch.outer(u, v) for u, v in measured(ad, p, l, part)]
-               for l in range(len(ad.layers))]
-        rows.append(torch.stack([
-            sum(((a - (b if prev else 0)) ** 2).sum()
-                for a, b in zip(now[l], (prev or now)[l])).sqrt()
-            for l in range(len(now))]))
-        prev = now
-    return torch.stack(rows)
+    return dense_steps(adapter(m), [context_patches(m, C[:, :i], x)
+                                    for i in range(1, C.shape[1] + 1)], part)
 
 
 def patch_err(P, i, Q, l):

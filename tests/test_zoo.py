@@ -17,7 +17,7 @@ import torch
 
 pytest.importorskip("transformers", reason="the hf extra is not installed")
 
-from conftest import ROOT  # noqa: E402
+from conftest import ROOT, dense_steps  # noqa: E402
 from icl_book.discovery import find_adapter  # noqa: E402
 from icl_book.experiments.discovery import (zoo_model, zoo_table,  # noqa: E402
                                             zoo_types)
@@ -168,31 +168,6 @@ def test_borderline_types_are_the_ones_near_the_tolerance():
 DYN_TOL, N_CTX = 1e-10, 5
 
 
-def _dense_steps(ad, patches, part):
-    "(n, L) steps of the measured maps, from dense matrices per prefix."
-    from icl_book.lm_dynamics import PARTS
-    assert set(PARTS) == {"first", "last", "post"}
-    rows, prev = [], None
-    for p in patches:
-        now = []
-        for l, lp in enumerate(p.layers):
-            pl, lay = part if isinstance(part, str) else part[l], ad.layers[l]
-            if pl == "first":
-                mats = [torch.outer(r.u[0, -1], r.v[0, -1]) for r in lp.dW]
-            elif pl == "last":
-                mats = [torch.outer(lp.dW_out.u[0, -1], lp.dW_out.v[0, -1])]
-            else:
-                s = (lay.family or ad.family).post_offset + lay.post.weight
-                mats = [lp.ds_post[0, -1] * s]
-            now.append(mats)
-        rows.append(torch.stack([
-            sum(((a - (b if prev else 0)) ** 2).sum()
-                for a, b in zip(now[l], (prev or now)[l])).sqrt()
-            for l in range(len(now))]))
-        prev = now
-    return torch.stack(rows)
-
-
 def _eager64(m):
     "Float64 softmax where transformers' eager attention would round it."
     import test_lm_dynamics_families  # noqa: F401  registers 'eager64'
@@ -231,7 +206,7 @@ def one_pass(mt, kind):
         ad = find_adapter(m)
         part = default_part(ad)
         Ps = [context_patches(m, C[:, :i], x) for i in range(1, N_CTX + 1)]
-        U0 = _dense_steps(ad, Ps, part)
+        U0 = dense_steps(ad, Ps, part)
         Ul = token_updates(m, C, x, method="loop")
     errs = dict(steps=rel_err(U1, U0), loop=rel_err(Ul, U0),
                 patches=max(patch_err(P, i, Ps[i], l) for i in range(N_CTX)
