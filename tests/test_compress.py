@@ -247,6 +247,28 @@ def test_compressed_applied_generate_save_load(tiny, td, tmp_path):
         C.Compressed.load(tmp_path / "bad.pt")
 
 
+def test_task_vector_plus_patch_applied_is_what_evaluate_measures(tiny, td):
+    "Compressed.applied with a patch and a task vector = vector_patch_logprobs."
+    P, name, layer = td.prompt, C.TV + "lstsq_out budget", 1
+    vec = torch.randn(32, generator=torch.Generator().manual_seed(0),
+                      dtype=torch.float64)
+    S = B.icl_states(tiny, P, td.cal)
+    tp = C.fit_variant(tiny, P, td.cal, name, S, budget=1000, tv=(layer, vec))
+    c = C.Compressed("thought_patch", name, patch=tp,
+                     rank=C.variant_ranks(tiny, name, 1000),
+                     shift=P.shape[1] - 1, start=0, layer=layer, vector=vec)
+    ref = B.vector_patch_logprobs(tiny, P, td.cal.ids, td.cal.last, tp,
+                                  layer, vec)
+    alone = teacher_forced(tiny, P, td.cal.ids, tp, keep=1)
+    for k, last in enumerate(td.cal.last.tolist()):   # the query's last token
+        seq = torch.cat([torch.zeros(1, 1, dtype=torch.long),
+                         td.cal.ids[k:k + 1, :last + 1]], 1)
+        with torch.no_grad(), c.applied(tiny):
+            lp = tiny(seq).logits[0, -1].log_softmax(-1)
+        assert (lp - ref[k, last]).abs().max() < 1e-10
+        assert (lp - alone[k, last]).abs().max() > 1e-3   # the vector acts
+
+
 def test_evaluate_and_compress_on_tiny(tiny):
     res, objs = C.evaluate(tiny, CharTok(), PAIRS, CFG)
     for k in ("task", "shots", "n_test", "zero_shot", "icl", "task_vector",
