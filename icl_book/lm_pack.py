@@ -247,9 +247,9 @@ def _packed_chunk(ad, model, cache, key: str, context_ids, query_ids,
             if lo > 1 or _ours(e): raise
             raise ValueError(
                 f"transformers' own run of the {ad.name} fails on the packed "
-                f"copies ({type(e).__name__}: {str(e)[:200]}): its attention "
-                "does not take the 4-D attention mask that keeps each copy to"
-                " its prefix: use method='loop'") from e
+                f"copies ({type(e).__name__}: {str(e)[:200]}); the one pass needs "
+                "it to take a 4-D attention mask that keeps each copy to its "
+                "prefix: use method='loop'") from e
     if probe: ctx = _probe(ad, ctx, ref)
     elif lo == 1: _check_first(ad, context_ids, query_ids, ctx)
     return ctx, ids[:m], pos[:m]
