@@ -17,12 +17,9 @@ from conftest import ROOT, cuda_skip_reason
 sys.path.insert(0, str(ROOT / "tools"))
 import house  # noqa: E402  (tools/house.py)
 
-MAX_LONG_CELLS = 5   # "at most 5 code cells over 40 lines" in the whole book
-
 
 def offenders(r: dict) -> dict:
     "Each rule of the Done-when -> what breaks it in `house.measure()`'s figures `r`."
-    long_cells = r["cells_over_40"]
     return {
         "no import cycle": r["cycles"],
         "no import from a later notebook": r["forward_imports"],
@@ -30,9 +27,6 @@ def offenders(r: dict) -> dict:
         "no module __getattr__": r["getattr_forwarding"],
         "every notebook named after its module(s)":
             r["misnamed_notebooks"] + [f"{m} (no notebook)" for m in r["modules_without_notebook"]],
-        "no module over 500 lines": [f"{m}: {n} lines" for m, n in r["modules_over_500"].items()],
-        f"at most {MAX_LONG_CELLS} code cells over 40 lines":
-            long_cells if len(long_cells) > MAX_LONG_CELLS else [],
         "no test imports a private name": r["private_test_imports"],
         "no plot_/bench_/reproduce_ in library modules": r["experiment_code_in_library"],
     }
@@ -92,9 +86,6 @@ BREAKS = {
     "no module __getattr__": {"icl_book/blocks.py": "def __getattr__(name): return 1\n"},
     "every notebook named after its module(s)": {
         "nbs/01_contextual_blocks.ipynb": notebook("#| default_exp blocks")},
-    "no module over 500 lines": {"icl_book/core.py": "x = 1\n" * 501},
-    f"at most {MAX_LONG_CELLS} code cells over 40 lines": {
-        "nbs/02_long.ipynb": notebook(*["\n".join(["pass"] * 41)] * (MAX_LONG_CELLS + 1))},
     "no test imports a private name": {
         "tests/test_core.py": "from icl_book import core\ndef test(): core._hidden\n"},
     "no plot_/bench_/reproduce_ in library modules": {
@@ -107,8 +98,6 @@ EXPECTED = {   # what each message names
     "no function-level import of a later module": "core:2 -> blocks",
     "no module __getattr__": "blocks",
     "every notebook named after its module(s)": "01_contextual_blocks -> blocks",
-    "no module over 500 lines": "core: 501 lines",
-    f"at most {MAX_LONG_CELLS} code cells over 40 lines": "02_long[5] 41",
     "no test imports a private name": "test_core.py:2 core._hidden",
     "no plot_/bench_/reproduce_ in library modules": "core.bench_f",
 }
@@ -142,11 +131,14 @@ def test_rule_fails_on_a_house_that_breaks_it(tmp_path, rule):
     assert EXPECTED[rule] in str(e.value), str(e.value)
 
 
-def test_five_long_cells_are_allowed(tmp_path):
+def test_sizes_are_a_report_not_a_rule(tmp_path):
+    "A long module or cell is measured (python tools/house.py prints it) and breaks no rule."
     long = "\n".join(["pass"] * 41)
-    r = fake_house(tmp_path, {**CLEAN, "nbs/02_long.ipynb": notebook(*[long] * MAX_LONG_CELLS)})
-    assert len(r["cells_over_40"]) == MAX_LONG_CELLS
-    assert_rule(r, f"at most {MAX_LONG_CELLS} code cells over 40 lines")
+    r = fake_house(tmp_path, {**CLEAN, "nbs/02_long.ipynb": notebook(*[long] * 6),
+                              "icl_book/core.py": "x = 1\n" * 501})
+    assert len(r["cells_over_40"]) == 6 and r["modules_over_500"] == {"core": 501}
+    for rule in RULES:
+        assert_rule(r, rule)
 
 
 def test_earlier_module_imports_are_not_forward(tmp_path):

@@ -8,7 +8,19 @@ Eager attention in transformers runs its softmax in float32 even for float64
 models, which caps any float64 comparison near 1e-7; the families whose only
 attention is eager (Gemma 2) are run here with a float64 eager attention
 registered under its own name, so that both sides compute in float64.
+
+Falcon's ALiBi models had an eager path of their own, with the softmax in the
+model's dtype, up to transformers 5.24; from 5.25 on they take the shared eager
+attention (the ALiBi bias inside the attention mask) and round like Gemma 2.
+The case "falcon-alibi-eager" therefore runs transformers' own eager attention
+where it computes in float64 (< 5.25) and the float64 eager registered here
+where it does not (>= 5.25); and a test of its own shows what transformers'
+eager attention gives in each: exact below 5.25, refused by the one pass from
+5.25 on (the library cannot make a model that rounds to float32 exact in a
+packed run), with the loop of context_patches still available.
 """
+from importlib.metadata import version
+
 import pytest
 import torch
 
@@ -22,6 +34,9 @@ from icl_book.families import adapter, tiny_model  # noqa: E402
 from icl_book.hf import context_patches, token_updates  # noqa: E402
 from icl_book.lm_dynamics import (default_part, prefix_patches,  # noqa: E402
                                   prefix_updates)
+
+# transformers >= 5.25: Falcon's eager attention is the shared one (float32 softmax)
+SHARED_EAGER = tuple(int(p) for p in version("transformers").split(".")[:2]) >= (5, 25)
 
 
 def eager64(module, query, key, value, attention_mask, dropout=0.0,
@@ -58,8 +73,8 @@ CASES = {                       # name: (arch, config), prompt 10 + 2 tokens
                                      attn_implementation="eager64")),
     "gemma3-window": ("gemma3_text", dict(sliding_window=4)),
     "falcon-alibi": ("falcon", dict(alibi=True)),
-    "falcon-alibi-eager": ("falcon", dict(alibi=True,
-                                          attn_implementation="eager")),
+    "falcon-alibi-eager": ("falcon", dict(alibi=True, attn_implementation=(
+        "eager64" if SHARED_EAGER else "eager"))),
     "gpt_neox": ("gpt_neox", {}), "gptj": ("gptj", {}),
     "falcon": ("falcon", {}), "phi": ("phi", {}), "cohere": ("cohere", {}),
     "olmo2": ("olmo2", {}),
@@ -128,6 +143,24 @@ def test_every_check_gives_the_same_steps(case):
     for check in ("all", 0, 3):
         assert rel_err(prefix_updates(m, C, x, check=check, seed=2), U) \
             < 1e-12, (name, check)
+
+
+def test_falcon_alibi_under_transformers_eager_attention():
+    """transformers' own eager attention on an ALiBi Falcon: exact while it
+    computes the softmax in the model's dtype (< 5.25); from 5.25 on its
+    softmax is float32, the packed run rounds differently from a plain one,
+    and the one pass refuses, naming the loop; the loop's patches stay exact."""
+    m = tiny_model("falcon", "float64", seed=1, alibi=True,
+                   attn_implementation="eager")
+    C, x = random_ids(1, 10, 0, low=2), random_ids(1, 2, 1, low=2)
+    if not SHARED_EAGER:
+        assert rel_err(prefix_updates(m, C, x),
+                       loop_steps(m, C, x, default_part(adapter(m)))) < 1e-10
+        return
+    with pytest.raises(ValueError, match=r"rounds some values to float32.*"
+                       r"method='loop'"):
+        prefix_updates(m, C, x)
+    assert max(context_patches(m, C, x).errors) < 1e-9    # its self-check
 
 
 def test_parallel_and_post_norm_measure_what_carries_the_context():
