@@ -75,3 +75,11 @@ def test_binder_environment():
     post = ROOT / "binder" / "postBuild"
     assert os.access(post, os.X_OK), "binder/postBuild must be executable"
     assert 'pip install --no-cache-dir -e ".[hf]"' in post.read_text()
+
+
+def test_newest_workflow_tests_the_newest_releases_on_a_schedule():
+    wf, on, steps = _workflow("newest.yml")
+    assert "schedule" in on and on["schedule"][0]["cron"]
+    runs = [s.get("run", "") for s in steps]
+    assert "make venv" in runs                          # the locked .venv to compare with
+    assert any(r.startswith(".venv/bin/python tools/lock.py newest") for r in runs), runs
