@@ -706,7 +706,8 @@ def load_patches(
         raise ValueError(
             f"the {ad.name}'s weights differ from those the patches were "
             f"computed for (fingerprint {fp[8:20]}... here, "
-            f"{meta['fingerprint'][8:20]}... in the file): the patches hold "
+            f"{meta['fingerprint'][8:20]}... in the file; buffers such as a "
+            "rotary embedding's frequencies count too): the patches hold "
             "for those weights only; load them into a model with those "
             "weights, or compute context_patches(model, ...) again")
     names = part_names(ad, model)

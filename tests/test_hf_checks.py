@@ -224,3 +224,14 @@ def test_pickle_refused_deepcopy_kept():
     assert not torch.equal(patched_out(m, Q, x), patched_out(m, P, x))
     with pytest.raises(ValueError, match="another model object"):
         patched(tiny_model("llama", "float64", seed=0), Q).__enter__()
+
+
+def test_prefix_patches_are_named_like_context_patches(tmp_path):
+    from icl_book.hf import prefix_patches
+    m = tiny_model("llama", "float64", seed=0)
+    C, x = ids(1, 5, 0), ids(1, 2, 1)
+    P = prefix_patches(m, C, x)
+    assert P.keys() == context_patches(m, C, x).keys()
+    assert P["model.layers.0.mlp.up_proj"] is P.layers[0].dW[1]
+    with pytest.raises(ValueError, match="made without its state"):
+        P.save(tmp_path / "p.safetensors")            # no weight state to check
