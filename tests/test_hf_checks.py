@@ -235,3 +235,30 @@ def test_prefix_patches_are_named_like_context_patches(tmp_path):
     assert P["model.layers.0.mlp.up_proj"] is P.layers[0].dW[1]
     with pytest.raises(ValueError, match="made without its state"):
         P.save(tmp_path / "p.safetensors")            # no weight state to check
+
+
+def test_a_patch_saved_by_another_process_loads(tmp_path):
+    "The use of a file: saved in one process, loaded in another, bit for bit."
+    import subprocess
+    import sys
+    from pathlib import Path
+    f = tmp_path / "p.safetensors"
+    code = ("import torch\n"
+            "from icl_book.hf import tiny_model, context_patches\n"
+            "g = torch.Generator().manual_seed(0)\n"
+            "C, x = torch.randint(0, 97, (2, 6), generator=g), "
+            "torch.randint(0, 97, (2, 3), generator=g)\n"
+            "m = tiny_model('gpt2', 'float64', seed=4)\n"
+            f"context_patches(m, C, x).save({str(f)!r})\n")
+    root = Path(__file__).resolve().parents[1]
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=root,
+                   env={**__import__("os").environ, "PYTHONPATH": str(root)})
+    g = torch.Generator().manual_seed(0)
+    C, x = torch.randint(0, 97, (2, 6), generator=g), torch.randint(0, 97, (2, 3), generator=g)
+    m = tiny_model("gpt2", "float64", seed=4)
+    P = context_patches(m, C, x)
+    P2 = load_patches(f, m)
+    assert all(same_bits(a, b) for a, b in zip(factors(P), factors(P2)))
+    assert torch.equal(patched_out(m, P2, x), patched_out(m, P, x))
+    with pytest.raises(ValueError, match="weights differ"):
+        load_patches(f, tiny_model("gpt2", "float64", seed=5))
