@@ -108,8 +108,9 @@ class HFPatch:
 
     def __contains__(self, name) -> bool: return _key(self, name) is not None
 
-    def __getitem__(self, name: str):
-        "The update of one parameter: a `RankOne`, or a tensor (B, q, d)."
+    def __getitem__(self, name: str,  # a name of P.keys() (or it + '.weight')
+                   ):
+        "The update of one parameter: a `RankOne` u (B, q, out), v (B, q, in), or a tensor (B, q, d)."
         parts, k = _parts(self), _key(self, name)
         if k is not None: return parts[k]
         close = difflib.get_close_matches(str(name), list(parts), 3, 0.6)
