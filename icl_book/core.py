@@ -12,7 +12,7 @@ import torch
 __all__ = ['DTYPES', 'TOLERANCE', 'check_int', 'seed_everything', 'resolve_dtype', 'rel_err', 'check_same', 'check_finite',
            'check_float', 'check_flag', 'check_real_tensor', 'held_by', 'check_not_held', 'InPlace', 'hold_sigint',
            'release_sigint', 'sigint_critical', 'fmt_count', 'fmt_ratio', 'fmt_time', 'fmt_bytes', 'available_memory',
-           'check_memory']
+           'check_memory', 'weight_fingerprint']
 
 # %% ../nbs/00_core.ipynb #8f510863
 def check_int(name: str,         # the argument's name, for the message
@@ -343,3 +343,63 @@ def check_memory(what: str,       # the computation, for the message
         raise MemoryError(f"{what} needs about {fmt_bytes(nbytes)} of memory, "
                           f"but {fmt_bytes(avail)} are available: choose "
                           "smaller sizes")
+
+# %% ../nbs/00_core.ipynb #c0fp02
+import hashlib, json
+
+def _bytes(t: torch.Tensor) -> memoryview:
+    "A tensor's bytes, as stored (any dtype, on the CPU)."
+    b = t.detach().to('cpu').contiguous().reshape(-1).view(torch.uint8)
+    return memoryview(b.numpy())
+
+def weight_fingerprint(
+        model: torch.nn.Module,  # any torch module
+) -> str:
+    "'blake2b:<hex>' over every parameter's and buffer's name, dtype, shape and bytes."
+    h = hashlib.blake2b(digest_size=32)
+    items = [*model.named_parameters(remove_duplicate=False),
+             *model.named_buffers(remove_duplicate=False)]
+    if meta := [n for n, t in items if t.device.type == 'meta']:
+        raise ValueError(
+            f"{len(meta)} weight(s) are offloaded to the meta device "
+            f"({', '.join(meta[:3])}), so their bytes cannot be read for a "
+            "fingerprint: load the model without offloading to save or load "
+            "patches")
+    for n, t in items:
+        h.update(f"{n}|{t.dtype}|{tuple(t.shape)}|".encode())
+        h.update(_bytes(t))
+    return 'blake2b:' + h.hexdigest()
+
+# %% ../nbs/00_core.ipynb #c0fp03
+def _save_record(path,          # the file to write
+                 tensors: dict,  # name -> tensor (None: skipped)
+                 meta: dict,     # JSON-able description
+                ) -> None:
+    "Tensors into one safetensors file, `meta` as JSON in its header; a tensor given twice is stored once."
+    from safetensors.torch import save_file
+    out, alias, seen = {}, {}, {}
+    for k, t in tensors.items():
+        if t is None: continue
+        key = (t.device, t.data_ptr(), t.dtype, tuple(t.shape), t.stride())
+        if key in seen: alias[k] = seen[key]; continue
+        seen[key] = k; out[k] = t.detach().to('cpu').contiguous().clone()
+    save_file(out, str(path), metadata={
+        'icl_book': json.dumps(dict(meta, aliases=alias))})
+
+def _load_record(path,           # a file written by `_save_record`
+                 fmt: str,       # the format it must have
+                 device='cpu',   # where the tensors go
+                ) -> tuple:
+    "(tensors, meta) of a file written by `_save_record` in format `fmt`."
+    from safetensors import safe_open
+    from safetensors.torch import load_file
+    with safe_open(str(path), 'pt') as f: head = f.metadata() or {}
+    meta = json.loads(head.get('icl_book', '{}'))
+    if meta.get('format') != fmt:
+        raise ValueError(
+            f"{path} is not a {fmt} file (its format is "
+            f"{meta.get('format')!r}): load it with the loader of the "
+            "library and version that wrote it")
+    t = load_file(str(path), device=str(device))
+    for k, v in meta.pop('aliases', {}).items(): t[k] = t[v]
+    return t, meta

@@ -4,21 +4,23 @@
 
 # %% ../nbs/03_deep.ipynb #38b88b30
 from __future__ import annotations
-import itertools, math, time
+import copy, itertools, json, math, statistics, time, weakref
 from dataclasses import dataclass, field, replace
 from typing import NamedTuple, Optional
 import torch
 from torch import nn
 from .core import (TOLERANCE, InPlace, check_int, check_not_held,
                            check_memory, check_same, held_by, rel_err,
-                           resolve_dtype, seed_everything)
+                           resolve_dtype, seed_everything,
+                           weight_fingerprint, _save_record, _load_record)
 from .blocks import (MLP, PreLNBlock, PreLNStack, RankOne, StackConfig,
                              broadcasts_to)
 from .patch import token_patch_factors
 
 # %% auto #0
 __all__ = ['PATCH_MODES', 'MODES', 'VERIFY_DEFAULTS', 'BlockPatch', 'attention_residual', 'block_patch_factors', 'LMConfig',
-           'TinyLM', 'DeepPatch', 'context_patches', 'patch_errors', 'greedy', 'greedy_patched', 'verify']
+           'TinyLM', 'DeepPatch', 'context_patches', 'patch_errors', 'greedy', 'greedy_patched', 'load_patches',
+           'verify']
 
 # %% ../nbs/03_deep.ipynb #3ca65109
 class BlockPatch(NamedTuple):
@@ -239,10 +241,15 @@ def _model_key(model) -> int:
     "A number naming `model`, so that a patch knows the model it was made for."
     if '_icl_key' not in model.__dict__:
         object.__setattr__(model, '_icl_key', next(_KEYS))
+        _MODELS[model.__dict__['_icl_key']] = model
     return model.__dict__['_icl_key']
 
 _KEYS = itertools.count(1)
+_MODELS = weakref.WeakValueDictionary()   # key -> the model, while it lives
 
+def _versions(model) -> dict:
+    "Parameter name -> (storage address, version counter): what a write changes."
+    return {n: (p.data_ptr(), p._version) for n, p in model.named_parameters()}
 
 # %% ../nbs/03_deep.ipynb #3e80ed90
 def _check_fit(patch, model, x=None, one=False) -> nn.ModuleList:
@@ -281,6 +288,7 @@ class DeepPatch:
     query: Optional[torch.Tensor] = field(default=None, repr=False,
                                           compare=False)  # x it was made for
     model: Optional[int] = field(default=None, repr=False, compare=False)
+    versions: Optional[dict] = field(default=None, repr=False, compare=False)
 
     def __len__(self) -> int: return len(self.layers)
 
@@ -292,6 +300,29 @@ class DeepPatch:
     def numel(self) -> int:
         "Numbers stored per query position, all layers together."
         return sum(p.numel() for p in self.layers)
+
+    def __repr__(self) -> str:
+        "A summary: sizes, positions, mode, dtype, norms, numbers stored."
+        return _deep_repr(self)
+
+    def save(self, path,  # the file to write (safetensors)
+            ) -> None:
+        "Write the factors (safetensors, named by parameter) and what they belong to (JSON); read back with `load_patches`."
+        _deep_save(self, path)
+
+    def __reduce_ex__(self, protocol):
+        raise TypeError(
+            "a DeepPatch is not pickled: it belongs to one model object, which "
+            "an unpickled copy could not tell from a twin with other weights; "
+            "write it with P.save(path) and read it back with "
+            "load_patches(path, model), which checks the model's weights")
+
+    def __copy__(self): return replace(self)
+
+    def __deepcopy__(self, memo):    # a copy of the factors, bound to the same model
+        return replace(self, layers=copy.deepcopy(self.layers, memo),
+                       query=copy.deepcopy(self.query, memo),
+                       versions=dict(self.versions or {}) or None)
 
     def updates(self) -> list:
         "The `updates` argument of the model's forward."
@@ -309,7 +340,6 @@ class DeepPatch:
         "A `with` block writing the patch into the weights of `model`, restored bit for bit."
         blocks = _check_fit(self, model, one=True)
         return InPlace(_inplace_edits(blocks, self.layers), model, self.start)
-
 
 # %% ../nbs/03_deep.ipynb #1b5b28e8
 def context_patches(model,                    # a PreLNStack or TinyLM
@@ -336,7 +366,7 @@ def context_patches(model,                    # a PreLNStack or TinyLM
             layers.append(p)
             if closed_loop: z = blk(z, **p.kwargs())        # patched block
     return DeepPatch(tuple(layers), start=n, mode=mode, query=x,
-                     model=_model_key(model))
+                     model=_model_key(model), versions=_versions(model))
 
 # %% ../nbs/03_deep.ipynb #60be80e0
 def patch_errors(model,                    # a PreLNStack or TinyLM
@@ -389,6 +419,107 @@ def greedy_patched(model: TinyLM,          # a token model
             q = torch.cat([q, logits[-1].argmax(-1, keepdim=True)], 1)
     out = q[:, x.shape[1]:]
     return (out, torch.stack(logits, 1)) if return_logits else out
+
+# %% ../nbs/03_deep.ipynb #dp_keep2
+_DEEP_FORMAT = 'icl_book.deep_patch/1'
+_FREE_CFG = ('seed', 'dtype')   # checked through the weights and their dtype
+
+def _cfg(model) -> dict:
+    "The model's configuration, as the JSON of a saved patch records it."
+    from dataclasses import asdict
+    return json.loads(json.dumps({k: v for k, v in asdict(model.cfg).items()
+                                  if k not in _FREE_CFG}))
+
+def _dtype(model) -> str:
+    return str(next(model.parameters()).dtype).removeprefix('torch.')
+
+def _part_names(model) -> list:
+    "Per block: the names of its MLP's first and last maps in the model."
+    names = {id(m): n for n, m in reversed(list(model.named_modules()))}
+    return [(names[id(b.mlp.layers[0])], names[id(b.mlp.layers[-1])])
+            for b in _model_blocks(model)]
+
+def _deep_repr(P) -> str:
+    "The summary `repr(DeepPatch)` prints."
+    m = _MODELS.get(P.model) if P.model is not None else None
+    B, q = P.shape; w = [float(p.dW.norm().max()) for p in P.layers]
+    u = P.layers[0].dW.u
+    return (f"DeepPatch: {len(P)} blocks" + (f" of a {type(m).__name__}" if m
+            is not None else "") + f", (B, q) = ({B}, {q}) at positions "
+            f"{P.start}..{P.start + q - 1}, mode {P.mode!r}, "
+            f"{str(u.dtype).removeprefix('torch.')}\n"
+            f"  ||ΔW||_F per layer (max over positions): max {max(w):.3g}, "
+            f"median {statistics.median(w):.3g}\n"
+            f"  numbers stored: {P.numel():,} per query position, "
+            f"{P.numel() * B * q:,} in all")
+
+def _deep_save(P, path) -> None:
+    "`DeepPatch.save`: factors named by parameter, JSON of what they belong to."
+    from icl_book import __version__
+    m = _MODELS.get(P.model) if P.model is not None else None
+    if m is None:
+        raise ValueError("the model this patch was computed for no longer "
+                         "exists, so its weights cannot be fingerprinted: "
+                         "save the patch while the model lives")
+    if P.versions is not None and _versions(m) != P.versions:
+        raise ValueError(
+            "the model's weights were written to since context_patches (a "
+            "changed weight, or one written and restored by inplace): the "
+            "file would record other weights than the patch's; compute "
+            "context_patches(model, C, x) again and save that")
+    tensors, parts = {}, []
+    for p, (first, last) in zip(P.layers, _part_names(m)):
+        tensors[first + '.u'], tensors[first + '.v'] = p.dW
+        if p.db_out is not None: tensors[last + '.bias'] = p.db_out
+        if p.dW_out is not None:
+            tensors[last + '.u'], tensors[last + '.v'] = p.dW_out
+        parts.append(dict(dW=first, db_out=last + '.bias' if p.db_out
+                          is not None else None,
+                          dW_out=last if p.dW_out is not None else None))
+    tensors['query'] = P.query
+    _save_record(path, tensors, dict(
+        format=_DEEP_FORMAT, library=__version__, model_class=type(m).__name__,
+        config=_cfg(m), fingerprint=weight_fingerprint(m), dtype=_dtype(m),
+        start=P.start, mode=P.mode, shape=list(P.shape), parts=parts))
+
+def load_patches(path,    # a file written by `DeepPatch.save`
+                 model,   # a PreLNStack or TinyLM with the weights it names
+                ) -> DeepPatch:
+    "The saved patch, bit for bit, bound to `model` (refused for other weights)."
+    _model_blocks(model)
+    dev = next(model.parameters()).device
+    t, meta = _load_record(path, _DEEP_FORMAT, dev)
+    cls = type(model).__name__
+    if meta['model_class'] != cls:
+        raise ValueError(f"{path} holds patches of a {meta['model_class']}, "
+                         f"this is a {cls}: load them into the model they "
+                         "were computed for")
+    old, new = meta['config'], _cfg(model)
+    if diff := sorted(k for k in old.keys() | new.keys()
+                      if old.get(k) != new.get(k)):
+        raise ValueError(
+            f"the patches were computed for a {cls} configured otherwise ("
+            + ', '.join(f"{k}: {old.get(k)!r} there, {new.get(k)!r} here"
+                        for k in diff[:3]) + "): they hold for that model "
+            "only; compute context_patches(model, C, x) for this one")
+    if meta['dtype'] != _dtype(model):
+        raise ValueError(f"the patches are {meta['dtype']}, the model is "
+                         f"{_dtype(model)}: load them into the model in "
+                         f"{meta['dtype']} (model.to(...)), or compute them "
+                         "again in this dtype")
+    if (fp := weight_fingerprint(model)) != meta['fingerprint']:
+        raise ValueError(
+            f"the model's weights differ from those the patches were computed "
+            f"for (fingerprint {fp[8:20]}... here, {meta['fingerprint'][8:20]}"
+            "... in the file): the patches hold for those weights only; load "
+            "them into a model with those weights, or compute "
+            "context_patches(model, C, x) again")
+    R = lambda k: RankOne(t[k + '.u'], t[k + '.v'])
+    layers = tuple(BlockPatch(R(p['dW']), p['db_out'] and t[p['db_out']],
+                              p['dW_out'] and R(p['dW_out']))
+                   for p in meta['parts'])
+    return DeepPatch(layers, meta['start'], meta['mode'], t['query'],
+                     _model_key(model), _versions(model))
 
 # %% ../nbs/03_deep.ipynb #f0058956
 VERIFY_DEFAULTS = dict(d_model=64, heads=4, d_mlp=256, causal=True,

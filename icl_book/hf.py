@@ -7,11 +7,11 @@ __all__ = ['RankOne', 'PATCH_MODES', 'Adapter', 'FAMILIES', 'SUPPORTED', 'TINY_A
            'INSTALL', 'WHEELS', 'cache_dir', 'load_pretrained', 'missing', 'weights_path', 'LayerPatch', 'ModelState',
            'HFPatch', 'check_model', 'check_ids', 'position_limit', 'check_length', 'check_mask', 'check_types',
            'check_finite_run', 'head_reads_outside', 'drop_pooled', 'model_state', 'weights_changed', 'restored',
-           'refuse_stale', 'check_patch', 'check_call', 'check_owner', 'claim', 'check_mode', 'write_weights',
-           'SELF_CHECK_TOL', 'output_tensor', 'accepts_kwarg', 'with_context_pass', 'context_patches',
-           'closed_loop_pass', 'refuse_mismatch', 'model_dtype', 'patched', 'moe_routing', 'patch_errors',
-           'generate_without_context', 'PARTS', 'prefix_patches', 'default_part', 'prefix_updates', 'token_updates',
-           'token_updates_loop']
+           'refuse_stale', 'check_patch', 'check_call', 'check_owner', 'claim', 'check_mode', 'part_names',
+           'load_patches', 'write_weights', 'SELF_CHECK_TOL', 'output_tensor', 'accepts_kwarg', 'with_context_pass',
+           'context_patches', 'closed_loop_pass', 'refuse_mismatch', 'model_dtype', 'patched', 'moe_routing',
+           'patch_errors', 'generate_without_context', 'PARTS', 'prefix_patches', 'default_part', 'prefix_updates',
+           'token_updates', 'token_updates_loop']
 
 # %% ../nbs/11g_hf.ipynb #c00211g
 from .blocks import RankOne
@@ -20,11 +20,12 @@ from .families import (Adapter, FAMILIES, SUPPORTED, TINY_ARCHS,
                                adapter, supported, tiny_model)
 from .weights import (INSTALL, WHEELS, cache_dir, load_pretrained,
                               missing, weights_path)
-from .hf_checks import (
+from icl_book.hf_checks import (
     LayerPatch, ModelState, HFPatch, check_model, check_ids, position_limit,
     check_length, check_mask, check_types, check_finite_run, head_reads_outside,
     drop_pooled, model_state, weights_changed, restored, refuse_stale,
-    check_patch, check_call, check_owner, claim, check_mode)
+    check_patch, check_call, check_owner, claim, check_mode, part_names,
+    load_patches)
 from .hf_patch import (
     SELF_CHECK_TOL, output_tensor, accepts_kwarg, with_context_pass,
     context_patches, closed_loop_pass, refuse_mismatch, model_dtype)
@@ -43,7 +44,7 @@ _all_ = [
     'check_mask', 'check_types', 'check_finite_run', 'head_reads_outside',
     'drop_pooled', 'model_state', 'weights_changed', 'restored',
     'refuse_stale', 'check_patch', 'check_call', 'check_owner', 'claim',
-    'check_mode', 'write_weights', 'SELF_CHECK_TOL', 'output_tensor',
+    'check_mode', 'part_names', 'load_patches', 'write_weights', 'SELF_CHECK_TOL', 'output_tensor',
     'accepts_kwarg', 'with_context_pass', 'context_patches',
     'closed_loop_pass', 'refuse_mismatch', 'model_dtype', 'patched',
     'moe_routing', 'patch_errors', 'generate_without_context', 'PARTS',

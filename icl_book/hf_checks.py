@@ -4,20 +4,22 @@
 
 # %% ../nbs/11ac_hf_checks.ipynb #hf_che002
 from __future__ import annotations
-import threading, weakref
+import copy, difflib, hashlib, json, statistics, threading, warnings, weakref
 from contextlib import ExitStack
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import NamedTuple, Optional
 import torch
 from torch import nn
+from .core import weight_fingerprint, _save_record, _load_record
 from .blocks import RankOne
 from .families import Adapter, adapter
 from .discovery import find_adapter, input_embeddings
 
 # %% auto #0
-__all__ = ['LayerPatch', 'ModelState', 'HFPatch', 'check_model', 'check_ids', 'position_limit', 'check_length', 'check_mask',
-           'check_types', 'check_finite_run', 'head_reads_outside', 'drop_pooled', 'model_state', 'weights_changed',
-           'restored', 'refuse_stale', 'check_patch', 'check_call', 'check_owner', 'claim', 'check_mode']
+__all__ = ['LayerPatch', 'ModelState', 'HFPatch', 'part_names', 'check_model', 'check_ids', 'position_limit', 'check_length',
+           'check_mask', 'check_types', 'check_finite_run', 'head_reads_outside', 'drop_pooled', 'model_state',
+           'weights_changed', 'restored', 'refuse_stale', 'check_patch', 'check_call', 'check_owner', 'claim',
+           'check_mode', 'load_patches']
 
 # %% ../nbs/11ac_hf_checks.ipynb #hf_che005
 class LayerPatch(NamedTuple):
@@ -57,6 +59,7 @@ class HFPatch:
     _base: object = field(default=None, repr=False)   # weakref to the model
     state: Optional[ModelState] = field(default=None, repr=False)
     query_types: Optional[torch.Tensor] = None   # (B, q) token_type_ids
+    names: tuple = ()    # per layer: the names of what it updates (`part_names`)
 
     def __len__(self) -> int: return len(self.layers)
 
@@ -68,7 +71,10 @@ class HFPatch:
 
     @property
     def position_ids(self) -> Optional[torch.Tensor]:
-        "Positions (B, q) the query had after the context: n, n+1, ..."
+        "Deprecated: the same tensor as `positions`."
+        warnings.warn("HFPatch.position_ids is deprecated: use "
+                      "HFPatch.positions (the same tensor)",
+                      DeprecationWarning, stacklevel=2)
         return self.positions
 
     def numel(self) -> int:
@@ -77,9 +83,118 @@ class HFPatch:
 
     def __reduce_ex__(self, protocol):
         raise TypeError(
-            "an HFPatch is not saved: it belongs to one model object, which a "
-            "loaded copy could not tell from a twin; save the context and "
-            "query ids and recompute it with context_patches")
+            "an HFPatch is not pickled: it belongs to one model object, which "
+            "an unpickled copy could not tell from a twin with other weights; "
+            "write it with P.save(path) and read it back with "
+            "load_patches(path, model), which checks the model's weights")
+
+    def __copy__(self):
+        return type(self)(**{f.name: getattr(self, f.name) for f in fields(self)})
+
+    def __deepcopy__(self, memo):     # new tensors, bound to the same model
+        return type(self)(**{f.name: getattr(self, f.name) if f.name == '_base'
+                             else copy.deepcopy(getattr(self, f.name), memo)
+                             for f in fields(self)})
+
+    def __repr__(self) -> str:
+        "A summary: model, sizes, positions, mode, dtype, norms, numbers."
+        return _hf_repr(self)
+
+    def keys(self) -> list:
+        "Names of the parameters (modules) it updates, layer by layer."
+        return list(_parts(self))
+
+    def __iter__(self): return iter(self.keys())
+
+    def __contains__(self, name) -> bool: return _key(self, name) is not None
+
+    def __getitem__(self, name: str,  # a name of P.keys() (or it + '.weight')
+                   ):
+        "The update of one parameter: a `RankOne` u (B, q, out), v (B, q, in), or a tensor (B, q, d)."
+        parts, k = _parts(self), _key(self, name)
+        if k is not None: return parts[k]
+        close = difflib.get_close_matches(str(name), list(parts), 3, 0.6)
+        raise KeyError(
+            f"{name!r} is not a parameter this patch updates" + (
+                f" (did you mean {' or '.join(map(repr, close))}?)" if close
+                else "") + f"; P.keys() lists its {len(parts)} names")
+
+    def save(self, path,  # the file to write (safetensors)
+            ) -> None:
+        "Write the factors (safetensors, named by parameter) and what they belong to (JSON); read back with `load_patches`."
+        _hf_save(self, path)
+
+# %% ../nbs/11ac_hf_checks.ipynb #hf_che005d
+def part_names(
+        ad: Adapter,  # the model's adapter (`check_model`)
+        model,  # the model the patch is computed on (names are relative to it)
+) -> tuple:
+    "Per layer: a dict of the names the patch's parts update (first, last, bias, post)."
+    mods, pars = {}, {}
+    for n, m in model.named_modules(remove_duplicate=False): mods.setdefault(id(m), n)
+    for n, p in model.named_parameters(remove_duplicate=False): pars.setdefault(id(p), n)
+    nm = lambda x: mods.get(id(x)) or pars[id(x)].removesuffix('.weight')
+    out = []
+    for lay in ad.layers:
+        last = ('+'.join(map(nm, lay.last)) if isinstance(lay.last, tuple)
+                else nm(lay.last))
+        carrier = nm(lay.post if lay.post is not None else
+                     lay.moe if lay.moe is not None else lay.last)
+        out.append(dict(first=[nm(m) for m in lay.first], last=last,
+                        bias=carrier + '.bias',
+                        post=None if lay.post is None else nm(lay.post)))
+    return tuple(out)
+
+def _names(P) -> tuple:
+    "The patch's part names (for a patch made without them: on its base model)."
+    if P.names: return P.names
+    base = P._base() if P._base is not None else None
+    if base is None:
+        raise ValueError("this patch carries no parameter names and its model "
+                         "is gone: compute it with context_patches")
+    return part_names(find_adapter(base), base)
+
+def _parts(P) -> dict:
+    "Name -> update (RankOne or tensor), layer by layer."
+    names = _names(P); seen = {}
+    for nm in names:
+        for k in [*nm['first'], nm['last'], nm['bias'], nm['post']]:
+            seen[k] = seen.get(k, 0) + 1
+    out = {}
+    for l, (p, nm) in enumerate(zip(P.layers, names)):
+        key = lambda k: f"{k}[{l}]" if seen[k] > 1 else k
+        for k, r in zip(nm['first'], p.dW): out[key(k)] = r
+        if p.dW_out is not None: out[key(nm['last'])] = p.dW_out
+        if p.db_out is not None: out[key(nm['bias'])] = p.db_out
+        if p.ds_post is not None: out[key(nm['post'])] = p.ds_post
+    return out
+
+def _key(P, name):
+    "The key `name` stands for (itself, or without '.weight'), or None."
+    parts = _parts(P)
+    if not isinstance(name, str): return None
+    if name in parts: return name
+    k = name.removesuffix('.weight')
+    return k if k != name and k in parts else None
+
+def _hf_repr(P) -> str:
+    "The summary `repr(HFPatch)` prints."
+    B, q = P.shape
+    pos = (f"{P.start}..{P.start + q - 1}" if P.positions is None else
+           f"{int(P.positions.min())}..{int(P.positions.max())}")
+    w = [float(sum(r.norm() ** 2 for r in p.dW).sqrt().max()) for p in P.layers]
+    alive = P._base is not None and P._base() is not None
+    errs = [e for e in P.errors if e is not None]
+    return (f"HFPatch of a {P.arch} ({P.family}): {len(P)} layers, (B, q) = "
+            f"({B}, {q}) at positions {pos}, mode {P.mode!r}, "
+            f"{str(P.layers[0].dW[0].u.dtype).removeprefix('torch.')}\n"
+            f"  ||ΔW||_F per layer (first maps, max over positions): max "
+            f"{max(w):.3g}, median {statistics.median(w):.3g}\n" + (
+            f"  self-check relative error per layer: max {max(errs):.2g}\n"
+            if errs else "") +
+            f"  numbers stored: {P.numel():,} per query position, "
+            f"{P.numel() * B * q:,} in all; "
+            + ("bound to its model" if alive else "its model is gone"))
 
 # %% ../nbs/11ac_hf_checks.ipynb #hf_che007
 def _dispatched(model) -> bool:
@@ -455,6 +570,7 @@ def check_call(
             raise ValueError(
                 f"{key} differs from the one the patches were computed for: "
                 f"omit it (patched fills it in) or pass patches.{key}"
+                .replace('patches.position_ids', 'patches.positions')
                 .replace('patches.attention_mask', 'patches.query_mask')
                 .replace('patches.token_type_ids', 'patches.query_types'))
     return args, kwargs
@@ -497,3 +613,118 @@ def check_mode(
             f"inside patched(...) {len(train)} module(s) of the {ad.name} "
             f"are in training mode ({', '.join(train[:3])}): the patches "
             "were computed in eval mode; call model.eval()")
+
+# %% ../nbs/11ac_hf_checks.ipynb #hf_keep02
+_HF_FORMAT = 'icl_book.hf_patch/1'
+_ID_KEYS = ('_name_or_path', 'transformers_version', 'architectures',
+            '_commit_hash')    # name the checkpoint, not the computation
+
+def _config_record(ad: Adapter) -> tuple:
+    "(configuration as JSON, its sha256): what `model_state` compares."
+    cfg = {k: v for k, v in model_state(ad).config.items() if k not in _ID_KEYS}
+    text = json.dumps(cfg, sort_keys=True, default=repr)
+    return json.loads(text), hashlib.sha256(text.encode()).hexdigest()
+
+def _float_dtype(base) -> str:
+    return str(next(p.dtype for p in base.parameters()
+                    if p.is_floating_point())).removeprefix('torch.')
+
+def _bound(P) -> Adapter:
+    "The adapter fields `model_state` and `refuse_stale` read, from P's model."
+    base = P._base() if P._base is not None else None
+    if base is None or P.state is None:
+        raise ValueError(
+            "this patch is not bound to a live model (it is gone, or the patch "
+            "was made without its state), so its weights cannot be "
+            "fingerprinted: save it right after context_patches, while the "
+            "model lives")
+    return Adapter(None, P.arch, base, [], 1., False)
+
+def _hf_save(P, path) -> None:
+    "`HFPatch.save`: factors named by parameter, JSON of what they belong to."
+    import transformers
+    from icl_book import __version__
+    ad = _bound(P)
+    refuse_stale(ad, P.state, "since context_patches")
+    names, tensors, parts = _names(P), {}, []
+    keyed = {id(v): k for k, v in _parts(P).items()}
+    for p in P.layers:
+        rec = {}
+        for f, v in (('dW', p.dW), ('dW_out', p.dW_out), ('db_out', p.db_out),
+                     ('ds_post', p.ds_post)):
+            for r in (v if f == 'dW' else [] if v is None else [v]):
+                k = keyed[id(r)]
+                if isinstance(r, RankOne):
+                    tensors[k + '.u'], tensors[k + '.v'] = r
+                else: tensors[k] = r
+                rec.setdefault(f, []).append(k)
+        parts.append(rec)
+    for k in ('query_ids', 'positions', 'query_mask', 'query_types'):
+        tensors[k] = getattr(P, k)
+    cfg, h = _config_record(ad)
+    _save_record(path, tensors, dict(
+        format=_HF_FORMAT, library=__version__, torch=torch.__version__,
+        transformers=transformers.__version__, model_class=P.arch,
+        family=P.family, n_layers=len(P), config=cfg, config_hash=h,
+        fingerprint=weight_fingerprint(ad.base), dtype=_float_dtype(ad.base),
+        start=P.start, mode=P.mode, shape=list(P.shape),
+        errors=[None if e is None else float(e) for e in P.errors],
+        names=list(names), parts=parts))
+
+# %% ../nbs/11ac_hf_checks.ipynb #hf_keep03
+def load_patches(
+        path,  # a file written by `HFPatch.save`
+        model,  # the model (with the weights) they were computed for
+) -> HFPatch:
+    "The saved patches, bit for bit, bound to `model`; refused for another model."
+    ad = check_model(model)
+    dev = next((p.device for p in ad.base.parameters()
+                if p.device.type != 'meta'), torch.device('cpu'))
+    t, meta = _load_record(path, _HF_FORMAT, dev)
+    if (meta['model_class'], meta['n_layers']) != (ad.name, len(ad.layers)):
+        raise ValueError(
+            f"{path} holds patches of a {meta['model_class']} with "
+            f"{meta['n_layers']} layers; this is a {ad.name} with "
+            f"{len(ad.layers)}: load them into the model they were computed "
+            "for")
+    cfg, h = _config_record(ad)
+    if h != meta['config_hash']:
+        old = meta['config']
+        diff = sorted(k for k in old.keys() | cfg.keys()
+                      if old.get(k) != cfg.get(k))
+        raise ValueError(
+            f"the patches were computed for a {ad.name} configured otherwise ("
+            + ', '.join(f"{k}: {old.get(k)!r} there, {cfg.get(k)!r} here"
+                        for k in diff[:3]) + "): they hold for that "
+            "configuration only; compute context_patches(model, ...) for this "
+            "one")
+    if meta['dtype'] != (dt := _float_dtype(ad.base)):
+        raise ValueError(
+            f"the patches were computed in {meta['dtype']}, the model is {dt}: "
+            f"load them into the model in {meta['dtype']} (model.to(...)), or "
+            "compute them again in this dtype")
+    if (fp := weight_fingerprint(ad.base)) != meta['fingerprint']:
+        raise ValueError(
+            f"the {ad.name}'s weights differ from those the patches were "
+            f"computed for (fingerprint {fp[8:20]}... here, "
+            f"{meta['fingerprint'][8:20]}... in the file; buffers such as a "
+            "rotary embedding's frequencies count too): the patches hold "
+            "for those weights only; load them into a model with those "
+            "weights, or compute context_patches(model, ...) again")
+    names = part_names(ad, model)
+    if [dict(n) for n in names] != meta['names']:
+        raise ValueError(
+            f"the {ad.name}'s patched parameters have other names than those "
+            "in the file (a model with its head, and one without, name them "
+            "differently): load the patches into the model object of the "
+            "class they were saved from")
+    R = lambda k: RankOne(t[k + '.u'], t[k + '.v']) if k + '.u' in t else t[k]
+    one = lambda rec, f: R(rec[f][0]) if f in rec else None
+    layers = tuple(LayerPatch(tuple(R(k) for k in rec['dW']),
+                              one(rec, 'db_out'), one(rec, 'dW_out'),
+                              one(rec, 'ds_post')) for rec in meta['parts'])
+    return HFPatch(layers, meta['start'], meta['mode'], ad.name,
+                   meta['family'], t.get('query_ids'), t.get('positions'),
+                   t.get('query_mask'), tuple(meta['errors']),
+                   weakref.ref(ad.base), model_state(ad, bits=True),
+                   t.get('query_types'), names)

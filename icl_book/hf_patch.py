@@ -16,7 +16,7 @@ from .families import (Adapter, FAMILIES, moe_first_delta,
                                moe_last_deltas, moe_layout, refuse_rounding)
 from .hf_checks import (
     LayerPatch, HFPatch, check_model, check_ids, check_length, check_mask,
-    check_types, check_finite_run, model_state)
+    check_types, check_finite_run, model_state, part_names)
 
 # %% auto #0
 __all__ = ['SELF_CHECK_TOL', 'output_tensor', 'accepts_kwarg', 'with_context_pass', 'context_patches', 'closed_loop_pass',
@@ -270,7 +270,8 @@ def context_patches(
     if check: refuse_mismatch(ad, errs)
     return HFPatch(tuple(layers), n, mode, ad.name, ad.family.name,
                    query_ids, pos, qmask, errs, weakref.ref(ad.base),
-                   model_state(ad, bits=True), qt)
+                   model_state(ad, bits=True), qt,
+                   part_names(ad, model))
 
 # %% ../nbs/11b_hf_patch.ipynb #c01013b
 def _refuse_unless(ok: torch.Tensor, l: int, why: str) -> None:

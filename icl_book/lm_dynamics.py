@@ -12,7 +12,7 @@ from .core import rel_err
 from .blocks import RankOne
 from .families import linear_weight
 from .hf_checks import (HFPatch, LayerPatch, check_ids,
-                                check_length, check_model)
+                                check_length, check_model, part_names)
 from .hf_patch import (accepts_kwarg, closed_loop_pass,
                                context_patches, model_dtype, output_tensor,
                                refuse_mismatch, with_context_pass)
@@ -264,7 +264,8 @@ def prefix_patches(
     pos = torch.arange(1, n + q, device=query_ids.device).unfold(0, q, 1)
     return HFPatch(layers, n, mode, ad.name, ad.family.name,
                    query_ids.expand(n, q), pos, None,
-                   tuple(map(max, zip(*errs))), weakref.ref(ad.base))
+                   tuple(map(max, zip(*errs))), weakref.ref(ad.base),
+                   names=part_names(ad, model))
 
 # %% ../nbs/11e_lm_dynamics.ipynb #c01811e
 def _steps(now: list, prev: list) -> torch.Tensor:

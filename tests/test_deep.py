@@ -18,7 +18,7 @@ from icl_book.core import rel_err
 from icl_book.deep import (MODES, DeepPatch, LMConfig, TinyLM,
                            attention_residual, block_patch_factors,
                            context_patches, greedy, greedy_patched,
-                           patch_errors, verify)
+                           load_patches, patch_errors, verify)
 
 SETTINGS = settings(max_examples=25, deadline=None)
 kinds = st.sampled_from([(k, True) for k in LAYER_KINDS]
@@ -219,3 +219,113 @@ def test_verify_meets_the_targets_and_is_json():
         verify(widht=3)
     with pytest.raises(ValueError, match="dtype must be 'float32' or 'float64'"):
         verify(dtype="float16")
+
+
+# --- keeping a patch: save / load_patches, repr, copies ---------------------
+
+def _kept(tmp_path, mode="bias", dtype="float64", seed=0):
+    "A TinyLM, its patch for one context and query, and the file it is saved to."
+    lm = TinyLM(LMConfig(depth=3, d_model=8, heads=2, d_mlp=12, vocab=17,
+                         n_pos=32, seed=seed, dtype=dtype))
+    g = torch.Generator().manual_seed(seed)
+    C, x = torch.randint(0, 17, (2, 5), generator=g), torch.randint(0, 17, (2, 3), generator=g)
+    P = context_patches(lm, C, x, mode)
+    f = tmp_path / "p.safetensors"
+    P.save(f)
+    return lm, C, x, P, f
+
+
+def _tensors(P):
+    return [t for p in P.layers for t in (*p.dW, p.db_out, *(p.dW_out or ()))]
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+def test_saved_patch_loads_bit_for_bit(tmp_path, mode, dtype):
+    lm, C, x, P, f = _kept(tmp_path, mode, dtype)
+    P2 = load_patches(f, lm)
+    for a, b in zip(_tensors(P), _tensors(P2)):
+        assert (a is None) == (b is None)
+        if a is not None:
+            assert a.dtype == b.dtype and torch.equal(a, b)
+    assert (P2.start, P2.mode, P2.shape) == (P.start, P.mode, P.shape)
+    assert torch.equal(P2.query, x)
+    assert torch.equal(P2.apply(lm, x), P.apply(lm, x))
+    twin = TinyLM(lm.cfg)                        # a new object, same weights
+    twin.load_state_dict(lm.state_dict())
+    assert torch.equal(load_patches(f, twin).apply(twin, x), P.apply(lm, x))
+    with pytest.raises(ValueError, match="another TinyLM"):
+        P2.apply(twin, x)                        # bound to the model it loaded into
+
+
+def test_saved_features_stack_patch_loads(tmp_path):
+    m = PreLNStack(StackConfig(depth=2, d_model=8, heads=2, d_mlp=8, dtype="float64"))
+    X = torch.randn(1, 6, 8, dtype=torch.float64)
+    P = context_patches(m, X[:, :4], X[:, 4:], "rank1")
+    P.save(tmp_path / "s.safetensors")
+    P2 = load_patches(tmp_path / "s.safetensors", m)
+    assert torch.equal(P2.apply(m, X[:, 4:]), P.apply(m, X[:, 4:]))
+
+
+def test_load_patches_refuses_another_stack(tmp_path):
+    from dataclasses import replace
+    lm, C, x, P, f = _kept(tmp_path)
+    other = TinyLM(replace(lm.cfg, seed=1))       # same config, other weights
+    with pytest.raises(ValueError, match="weights differ"):
+        load_patches(f, other)
+    one_bit = TinyLM(lm.cfg)
+    one_bit.load_state_dict(lm.state_dict())
+    with torch.no_grad():
+        one_bit.pos.weight.view(-1).view(torch.int64)[-1] ^= 1
+    with pytest.raises(ValueError, match="weights differ"):
+        load_patches(f, one_bit)
+    with pytest.raises(ValueError, match="d_mlp: 12 there, 16 here"):
+        load_patches(f, TinyLM(replace(lm.cfg, d_mlp=16)))
+    with pytest.raises(ValueError, match="the patches are float64, the model is float32"):
+        load_patches(f, TinyLM(replace(lm.cfg, dtype="float32")))
+    with pytest.raises(ValueError, match="patches of a TinyLM, this is a PreLNStack"):
+        load_patches(f, PreLNStack(StackConfig(depth=3, d_model=8, heads=2, d_mlp=12)))
+    torch.save({"a": 1}, tmp_path / "x.pt")
+    from safetensors.torch import save_file
+    save_file({"a": torch.zeros(1)}, str(tmp_path / "plain.safetensors"))
+    with pytest.raises(ValueError, match="is not a icl_book.deep_patch/1 file"):
+        load_patches(tmp_path / "plain.safetensors", lm)
+
+
+def test_save_refuses_written_or_gone_model(tmp_path):
+    lm, C, x, P, f = _kept(tmp_path)
+    with torch.no_grad():
+        lm.blocks[1].mlp.W.mul_(1.0)                # written (even unchanged)
+    with pytest.raises(ValueError, match="written to since context_patches"):
+        P.save(tmp_path / "q.safetensors")
+    P3 = context_patches(TinyLM(lm.cfg), C, x)      # its model is gone
+    import gc
+    gc.collect()
+    with pytest.raises(ValueError, match="no longer exists"):
+        P3.save(tmp_path / "r.safetensors")
+
+
+def test_deep_patch_repr_summarises(tmp_path):
+    import statistics
+    lm, C, x, P, f = _kept(tmp_path, "rank1")
+    r = repr(P)
+    assert "tensor(" not in r and len(r.splitlines()) == 3
+    assert f"(B, q) = {P.shape}" in r
+    assert f"positions {P.start}..{P.start + P.shape[1] - 1}" in r
+    assert f"{P.numel() * P.shape[0] * P.shape[1]:,} in all" in r
+    w = [float(p.dW.norm().max()) for p in P.layers]   # ||u|| ||v|| per position
+    dense = max(float(torch.linalg.matrix_norm(p.dW.dense()).max()) for p in P.layers)
+    assert abs(max(w) - dense) <= 1e-12 * dense
+    assert f"max {max(w):.3g}, median {statistics.median(w):.3g}" in r
+
+
+def test_deep_patch_pickle_refused_deepcopy_kept(tmp_path):
+    import pickle
+    lm, C, x, P, f = _kept(tmp_path)
+    with pytest.raises(TypeError, match=r"P.save\(path\).*load_patches\(path, model\)"):
+        pickle.dumps(P)
+    Q = copy.deepcopy(P)
+    assert Q.layers[0].dW.u is not P.layers[0].dW.u
+    assert torch.equal(Q.apply(lm, x), P.apply(lm, x))
+    Q.layers[0].dW.u.zero_()                           # the copy is its own
+    assert not torch.equal(Q.apply(lm, x), P.apply(lm, x))

@@ -49,10 +49,10 @@ def test_patched_query_reproduces_context(arch, dtype, mode):
     p = context_patches(m, C, x, mode)
     assert isinstance(p, HFPatch) and p.shape == (2, 3) and len(p) == 3
     with patched(m, p):
-        out = output(m, x, position_ids=p.position_ids)
+        out = output(m, x, position_ids=p.positions)
     assert rel_err(out[:, -1], full[:, -1]) <= TOL[dtype]    # last position
     assert rel_err(out, full) <= TOL[dtype]                  # and every one
-    assert rel_err(output(m, x, position_ids=p.position_ids), full) > 1e-3
+    assert rel_err(output(m, x, position_ids=p.positions), full) > 1e-3
     assert hooks_left(m) == 0
 
 
@@ -85,7 +85,7 @@ def test_gpt2_inplace_uses_conv1d_layout_and_restores_bits():
     for mode in ("rank1", "bias"):
         p = context_patches(m, C, x, mode)
         with patched(m, p, inplace=True):
-            out = output(m, x, position_ids=p.position_ids)[:, -1]
+            out = output(m, x, position_ids=p.positions)[:, -1]
             dW = m.transformer.h[0].mlp.c_fc.weight - before[
                 "transformer.h.0.mlp.c_fc.weight"]
             u, v = p.layers[0].dW[0]
@@ -101,7 +101,7 @@ def test_weights_bit_identical_after_exception(inplace):
     p = context_patches(m, ids(1, 6, 0), ids(1, 1, 1))
     with pytest.raises(RuntimeError, match="boom"):
         with patched(m, p, inplace=inplace):
-            output(m, ids(1, 1, 1), position_ids=p.position_ids)
+            output(m, ids(1, 1, 1), position_ids=p.positions)
             raise RuntimeError("boom")
     assert all(torch.equal(v, before[k]) for k, v in m.state_dict().items())
     assert hooks_left(m) == 0
@@ -276,7 +276,7 @@ def test_smollm2_float64_last_position(smollm2):
     t = tok("The capital of France is", return_tensors="pt").input_ids
     p = context_patches(m64, t[:, :-1], t[:, -1:])
     with patched(m64, p):
-        out = output(m64, t[:, -1:], position_ids=p.position_ids)[:, -1]
+        out = output(m64, t[:, -1:], position_ids=p.positions)[:, -1]
     assert rel_err(out, output(m64, t)[:, -1]) <= 1e-9
     assert tok.decode([out.argmax().item()]) == " Paris"
 
