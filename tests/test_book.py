@@ -304,6 +304,27 @@ def test_nothing_clipped_on_a_phone(book, doc):
     _against_known("wider-than-phone", doc, m["beyond"] if m["page_width"] > 391 else [])
 
 
+_FIT = r"""
+const main = document.querySelector('.bd-article') || document.body;
+const col = main.clientWidth, wide = [];
+for (const img of main.querySelectorAll('figure img, .cell_output img')) {
+  if (!img.offsetParent) continue;
+  const w = img.getBoundingClientRect().width;
+  if (w > col + 1) wide.push(`${img.src.split('/').pop().slice(0, 12)}: ${Math.round(w)} px`);
+}
+report({col, wide});
+"""
+
+
+@needs_chromium
+def test_figures_fit_the_column_on_a_phone(book):
+    "At 390 px every figure scales to the text column: none is wider, none scrolls sideways."
+    got = page_metrics.probe_many(_toc_files(), _FIT, width=390, wait_ms=1500)
+    assert set(got) == set(_toc_files())
+    bad = {doc: r["wide"] for doc, r in got.items() if r["wide"]}
+    assert not bad, f"figures wider than the column at 390 px: {bad}"
+
+
 @needs_chromium
 def test_a_figure_opens_at_full_size(book):
     js = r"""
