@@ -246,29 +246,26 @@ class RankOne(NamedTuple):
               + 2 * (du * u2).sum(-1) * (v * dv).sum(-1))
         return sq.clamp_min(0).sqrt()
 
-# %% ../nbs/01_blocks.ipynb #2f4632a0
-# Comparing rank-1 updates: RankOne's methods, assigned below (as @patch would)
-def _cosine(self: RankOne, other: RankOne) -> torch.Tensor:
-    "<P, Q>_F / (||P|| ||Q||) per index; 0 where either is zero."
-    den = self.norm() * other.norm()
-    return self.inner(other) / den.clamp_min(torch.finfo(den.dtype).tiny)
+    # comparing rank-1 updates
+    def cosine(self, other: 'RankOne') -> torch.Tensor:
+        "<P, Q>_F / (||P|| ||Q||) per index; 0 where either is zero."
+        den = self.norm() * other.norm()
+        return self.inner(other) / den.clamp_min(torch.finfo(den.dtype).tiny)
 
-def _unit(self: RankOne) -> RankOne:
-    "u/||u|| and v/||v|| in float64 (a zero factor stays zero)."
-    return RankOne(*(F.normalize(t.double(), dim=-1) for t in self))
+    def unit(self) -> 'RankOne':
+        "u/||u|| and v/||v|| in float64 (a zero factor stays zero)."
+        return RankOne(*(F.normalize(t.double(), dim=-1) for t in self))
 
-def _factor_cosines(self: RankOne, other: RankOne) -> tuple:
-    "cos(u, u') and cos(v, v') per index (float64); `cosine` = their product."
-    a, b = self.unit(), other.unit()
-    return (a.u * b.u).sum(-1), (a.v * b.v).sum(-1)
+    def factor_cosines(self, other: 'RankOne') -> tuple:
+        "cos(u, u') and cos(v, v') per index (float64); `cosine` = their product."
+        a, b = self.unit(), other.unit()
+        return (a.u * b.u).sum(-1), (a.v * b.v).sum(-1)
 
-def _gram(self: RankOne, other: RankOne) -> torch.Tensor:
-    "<u_i v_iᵀ, u'_j v'_jᵀ>_F for terms i, j on dim -2: (..., n, m), float64."
-    u, v, u2, v2 = (t.double() for t in (*self, *other))
-    return (u @ u2.transpose(-1, -2)) * (v @ v2.transpose(-1, -2))
+    def gram(self, other: 'RankOne') -> torch.Tensor:
+        "<u_i v_iᵀ, u'_j v'_jᵀ>_F for terms i, j on dim -2: (..., n, m), float64."
+        u, v, u2, v2 = (t.double() for t in (*self, *other))
+        return (u @ u2.transpose(-1, -2)) * (v @ v2.transpose(-1, -2))
 
-RankOne.cosine, RankOne.unit = _cosine, _unit
-RankOne.factor_cosines, RankOne.gram = _factor_cosines, _gram
 
 # %% ../nbs/01_blocks.ipynb #43b380df
 def broadcasts_to(shape,   # a shape (tuple or torch.Size)
@@ -353,21 +350,15 @@ class MLP(nn.Module):
                ) -> torch.Tensor:
         "M_{W+ΔW}(z); updates of W, b and of the last weight and bias optional."
         return self.rest(self._pre(z, dW, db), dW_out, db_out)
-
-# %% ../nbs/01_blocks.ipynb #74d9872a
-# MLP.hidden and MLP.rest, defined apart to keep the class short
-def _mlp_hidden(self: MLP, z, dW=None, db=None) -> torch.Tensor:
-    "What the last dense layer reads when the MLP reads z (..., H)."
-    return self._hidden(self._pre(z, dW, db))
-
-def _mlp_rest(self: MLP, pre: torch.Tensor, dW_out=None, db_out=None) -> torch.Tensor:
-    "f_θ: everything after the first dense layer (optionally updated)."
-    g = self._hidden(pre)
-    last = self.layers[-1]
-    out = last(g) + apply_update(dW_out, g, last.weight.shape[0])
-    return out if db_out is None else out + db_out
-
-MLP.hidden, MLP.rest = _mlp_hidden, _mlp_rest
+    def hidden(self, z, dW=None, db=None) -> torch.Tensor:
+        "What the last dense layer reads when the MLP reads z (..., H)."
+        return self._hidden(self._pre(z, dW, db))
+    def rest(self, pre: torch.Tensor, dW_out=None, db_out=None) -> torch.Tensor:
+        "f_θ: everything after the first dense layer (optionally updated)."
+        g = self._hidden(pre)
+        last = self.layers[-1]
+        out = last(g) + apply_update(dW_out, g, last.weight.shape[0])
+        return out if db_out is None else out + db_out
 
 # %% ../nbs/01_blocks.ipynb #db7f61ba
 class ContextualBlock(nn.Module):
