@@ -563,6 +563,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                    'icl_book.hf_apply._get_router': ('hf_apply.html#_get_router', 'icl_book/hf_apply.py'),
                                    'icl_book.hf_apply._no_generate': ('hf_apply.html#_no_generate', 'icl_book/hf_apply.py'),
                                    'icl_book.hf_apply._outputs': ('hf_apply.html#_outputs', 'icl_book/hf_apply.py'),
+                                   'icl_book.hf_apply._refuse_data_writes': ('hf_apply.html#_refuse_data_writes', 'icl_book/hf_apply.py'),
                                    'icl_book.hf_apply._rotary_same': ('hf_apply.html#_rotary_same', 'icl_book/hf_apply.py'),
                                    'icl_book.hf_apply._router_calls': ('hf_apply.html#_router_calls', 'icl_book/hf_apply.py'),
                                    'icl_book.hf_apply._routing': ('hf_apply.html#_routing', 'icl_book/hf_apply.py'),

@@ -13,10 +13,11 @@ from .blocks import RankOne
 from .families import Adapter, moe_layout
 from .patch import patched_weights
 from .discovery import norm_rounds
-from icl_book.hf_checks import (
+from .hf_checks import (
     HFPatch, check_model, check_patch, head_reads_outside, drop_pooled,
     model_state, refuse_stale, restored, check_call, claim, check_owner,
-    check_mode)
+    check_mode, weights_changed)
+
 from .hf_patch import (
     context_patches, output_tensor, accepts_kwarg, _Win, _base_forward,
     _hooks, _layer_err, _moe_run, _moe_first, _moe_last)
@@ -32,6 +33,8 @@ class _Apply:
         self.ad, self.model, self.patches = ad, model, patches
         self.P, self.win = patches.layers, _Win(len(ad.layers))
         self.seen, self.expect = [], []       # checked call; state
+        self.calls = 0                        # checked calls in the block
+
 
     def first(self, l, j, a, y):
         "(W + u vᵀ) a for the first map j of layer l."
@@ -69,10 +72,16 @@ _Apply.moe, _Apply.post = _apply_moe, _apply_post
 
 # %% ../nbs/11ba_hf_apply.ipynb #c01213b
 def _apply_check(self, m, a, k):
-    "The base model's pre-hook: owner, mode, state and the call's inputs."
+    """The base model's pre-hook: owner, mode, state (counters, addresses,
+    configuration; the byte sums are compared on entry and exit) and the
+    call's inputs."""
     check_owner(self.ad); check_mode(self.ad, self.model)
-    if self.expect: refuse_stale(self.ad, self.expect[0], "inside patched(...)")
-    self.seen.append(True); return check_call(self.patches, a, k)
+    if self.expect:
+        refuse_stale(self.ad, self.expect[0], "inside patched(...)", False)
+
+    self.seen.append(True); self.calls += 1
+    return check_call(self.patches, a, k)
+
 
 def _apply_block_pre(self, l, x):
     "A block's pre-hook: refuse a block run without the model's input check."
@@ -199,7 +208,25 @@ def _no_generate(st: ExitStack, model) -> None:
     st.callback(vars(model).pop, 'generate', None)
 
 # %% ../nbs/11ba_hf_apply.ipynb #c01215b
+def _refuse_data_writes(ad: Adapter, before) -> None:
+    "On leaving: weights whose bytes changed while their counters did not."
+    if before.bits is None: return
+    now = model_state(ad, bits=True)
+    bad = [n for n in weights_changed(before, now)
+           if now.versions.get(n) == before.versions[n]]
+    if bad:
+        raise ValueError(
+            f"{len(bad)} weight(s) of the {ad.name} changed inside "
+            f"patched(...) through .data ({', '.join(bad[:3])}"
+            f"{', ...' if len(bad) > 3 else ''}), which the check at each "
+            "call does not see (it reads counters and addresses; the bytes "
+            "are compared on entry and on leaving): outputs computed after "
+            "the write are not the patched run's; compute the patches again "
+            "with context_patches and run the query again")
+
+
 @sigint_critical                      # a Ctrl-C lands after enter/exit
+
 @contextmanager
 def patched(model,             # the model the patches were computed for
             patches: HFPatch,  # from `context_patches`
@@ -225,6 +252,8 @@ def patched(model,             # the model the patches were computed for
                          else model_state(ad, bits=True))   # byte sums
         opened = True; release_sigint()        # a held-back Ctrl-C: here
         yield model
+        if ap.calls: _refuse_data_writes(ad, ap.expect[0])   # byte sums
+
     finally:
         if opened: hold_sigint()
         try:
