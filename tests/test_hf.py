@@ -135,6 +135,109 @@ def test_generation_stops_at_eos_like_generate():
     assert (out[ended][:, -1] == 2).all()      # padded after the end
 
 
+def _step_patches(monkeypatch, m, C, x, k):
+    "Tokens of the two-row run and each step's first-map factors u."
+    import icl_book.hf_apply as ha
+    loops, start = [], ha._TwoRows.start
+    def spy(self):
+        start(self); loops.append(self.loop)
+    monkeypatch.setattr(ha._TwoRows, "start", spy)
+    out, logits = generate_without_context(m, C, x, k, return_logits=True)
+    return out, logits, [[[torch.cat([r.u for r in f], 1) for f in lay]
+                          for lay in loop.dW] for loop in loops]
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt2", "mistral"])
+def test_two_row_generation_is_the_patched_query_alone(arch, monkeypatch):
+    """Each new token's patches are those context_patches computes for the
+    query so far, run on the query alone (not ~0, as they would be if the
+    query rows saw the context), and the logits are the patched query-alone
+    run's (per-token patched(...) calls, the independent computation)."""
+    m = tiny_model(arch, "float64", seed=7)
+    m.generation_config.eos_token_id = None
+    C, x = ids(2, 10, 8, low=2), ids(2, 2, 9, low=2)
+    out, logits, us = _step_patches(monkeypatch, m, C, x, 4)
+    assert len(us) == 4                        # the two-row path ran
+    q = x
+    for t in range(4):
+        p = context_patches(m, C, q)
+        with torch.no_grad(), patched(m, p):
+            ref = m(q, use_cache=False).logits[:, -1]
+        assert rel_err(logits[:, t], ref) <= 1e-10
+        T = us[t][0][0].shape[1]               # positions run at step t
+        for lay, mine in zip(p.layers, us[t]):
+            for r, u in zip(lay.dW, mine):
+                assert rel_err(u, r.u[:, -T:]) <= 1e-10
+                assert r.u[:, -T:].abs().max() > 1e-3   # a real patch
+        q = torch.cat([q, out[:, t:t + 1]], 1)
+
+
+@pytest.mark.parametrize("arch", ["gpt_neox", "gemma2"])
+def test_generation_equals_generate_parallel_and_post_norm(arch):
+    "gpt_neox (parallel blocks) takes the per-token path, gemma2 two rows."
+    m = tiny_model(arch, "float32", seed=7)
+    C, x = ids(2, 10, 8, low=2), ids(2, 2, 9, low=2)
+    prompt = torch.cat([C, x], 1)
+    ref = m.generate(prompt, attention_mask=torch.ones_like(prompt),
+                     max_new_tokens=6, do_sample=False)[:, 12:]
+    assert torch.equal(generate_without_context(m, C, x, 6), ref)
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt_neox"])
+def test_sampling_draws_what_generate_draws_with_the_same_seed(arch):
+    """do_sample with temperature and top-p: the same tokens model.generate
+    samples from the with-context logits after torch.manual_seed(s)."""
+    m = tiny_model(arch, "float64", seed=3)
+    m.generation_config.eos_token_id = None
+    C, x = ids(3, 9, 4, low=2), ids(3, 2, 5, low=2)
+    prompt = torch.cat([C, x], 1)
+    kw = dict(do_sample=True, temperature=0.7, top_p=0.9, top_k=None)
+    torch.manual_seed(11)
+    ref = m.generate(prompt, attention_mask=torch.ones_like(prompt),
+                     max_new_tokens=8, pad_token_id=0, **kw)[:, 11:]
+    torch.manual_seed(11)
+    out = generate_without_context(m, C, x, 8, **kw)
+    assert torch.equal(out, ref)
+    greedy = generate_without_context(m, C, x, 8)
+    assert not torch.equal(out, greedy)        # it did sample
+    a = generate_without_context(m, C, x, 8, seed=5, **kw)
+    g = torch.Generator().manual_seed(5)
+    assert torch.equal(a, generate_without_context(m, C, x, 8, generator=g,
+                                                   **kw))
+    assert not torch.equal(a, generate_without_context(m, C, x, 8, seed=6,
+                                                       **kw))
+
+
+def test_each_generation_step_is_self_checked(monkeypatch):
+    "A step whose last map drops its patch is refused, naming the layer."
+    import icl_book.hf_apply as ha
+    m = tiny_model("llama", "float64", seed=2)
+    C, x = ids(1, 6, 0, low=2), ids(1, 2, 1, low=2)
+    def unpatched_last(self, l, g, y):
+        yc, yf = self.split(y)
+        self.loop.last(l, self.split(g)[1], yf)
+        return self.join(yc, yf)
+    monkeypatch.setattr(ha._TwoRows, "last", unpatched_last)
+    with pytest.raises(ValueError, match="self-check failed: .* layer 0"):
+        generate_without_context(m, C, x, 3)
+    assert hooks_left(m) == 0
+
+
+def test_generation_options_are_checked():
+    m = tiny_model("llama", "float64")
+    C, x = ids(1, 5, 0), ids(1, 2, 1)
+    with pytest.raises(ValueError, match="temperature"):
+        generate_without_context(m, C, x, 2, do_sample=True, temperature=0)
+    with pytest.raises(ValueError, match="top_p"):
+        generate_without_context(m, C, x, 2, do_sample=True, top_p=1.5)
+    with pytest.raises(ValueError, match="a generator or a seed"):
+        generate_without_context(m, C, x, 2, seed=1,
+                                 generator=torch.Generator())
+    first = generate_without_context(m, C, x, 1)[0, 0].item()
+    out = generate_without_context(m, C, x, 5, eos_token_id=first)
+    assert out.shape == (1, 1)                 # stopped at the end token
+
+
 # --------------------------------------------------------------- bad inputs
 def test_bad_inputs_are_refused_clearly():
     m = tiny_model("llama", "float64")
