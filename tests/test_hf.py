@@ -135,41 +135,44 @@ def test_generation_stops_at_eos_like_generate():
     assert (out[ended][:, -1] == 2).all()      # padded after the end
 
 
-def _step_patches(monkeypatch, m, C, x, k):
-    "Tokens of the two-row run and each step's first-map factors u."
-    import icl_book.hf_apply as ha
-    loops, start = [], ha._TwoRows.start
-    def spy(self):
-        start(self); loops.append(self.loop)
-    monkeypatch.setattr(ha._TwoRows, "start", spy)
-    out, logits = generate_without_context(m, C, x, k, return_logits=True)
-    return out, logits, [[[torch.cat([r.u for r in f], 1) for f in lay]
-                          for lay in loop.dW] for loop in loops]
+def _mlp_inputs(m, l, f):
+    "f()'s result and the inputs of layer l's gate_proj at every call."
+    seen, mod = [], m.model.layers[l].mlp.gate_proj
+    h = mod.register_forward_pre_hook(
+        lambda _, args: seen.append(args[0].detach().clone()))
+    try:
+        return f(), seen
+    finally:
+        h.remove()
 
 
-@pytest.mark.parametrize("arch", ["llama", "gpt2", "mistral"])
-def test_two_row_generation_is_the_patched_query_alone(arch, monkeypatch):
-    """Each new token's patches are those context_patches computes for the
-    query so far, run on the query alone (not ~0, as they would be if the
-    query rows saw the context), and the logits are the patched query-alone
-    run's (per-token patched(...) calls, the independent computation)."""
+@pytest.mark.parametrize("arch", ["llama", "mistral"])
+def test_two_row_generation_is_the_patched_query_alone(arch):
+    """Each new token comes from the patched query alone: the query rows'
+    MLP inputs are those of the per-token patched run (context_patches and
+    patched(...) on the query so far) and differ from the rows with the
+    context (so the query rows do not see the context), and the logits are
+    the per-token patched run's."""
     m = tiny_model(arch, "float64", seed=7)
     m.generation_config.eos_token_id = None
     C, x = ids(2, 10, 8, low=2), ids(2, 2, 9, low=2)
-    out, logits, us = _step_patches(monkeypatch, m, C, x, 4)
-    assert len(us) == 4                        # the two-row path ran
-    q = x
-    for t in range(4):
-        p = context_patches(m, C, q)
-        with torch.no_grad(), patched(m, p):
-            ref = m(q, use_cache=False).logits[:, -1]
-        assert rel_err(logits[:, t], ref) <= 1e-10
-        T = us[t][0][0].shape[1]               # positions run at step t
-        for lay, mine in zip(p.layers, us[t]):
-            for r, u in zip(lay.dW, mine):
-                assert rel_err(u, r.u[:, -T:]) <= 1e-10
-                assert r.u[:, -T:].abs().max() > 1e-3   # a real patch
-        q = torch.cat([q, out[:, t:t + 1]], 1)
+    for l in (1, 2):
+        (out, logits), a = _mlp_inputs(m, l, lambda: generate_without_context(
+            m, C, x, 4, return_logits=True))
+        assert a[0].shape[:2] == (2, 10)       # the context, run once
+        a = a[1:]                              # then two rows per sequence
+        assert len(a) == 4 and all(t.shape[0] == 4 for t in a)
+        q = x
+        for t in range(4):
+            p = context_patches(m, C, q)
+            with torch.no_grad(), patched(m, p):
+                ref, (ra,) = _mlp_inputs(m, l, lambda: m(
+                    q, use_cache=False).logits[:, -1])
+            T = a[t].shape[1]              # positions run at step t
+            assert rel_err(a[t][1::2], ra[:, -T:]) <= 1e-10
+            assert rel_err(a[t][1::2], a[t][0::2]) > 1e-3
+            assert rel_err(logits[:, t], ref) <= 1e-10
+            q = torch.cat([q, out[:, t:t + 1]], 1)
 
 
 @pytest.mark.parametrize("arch", ["gpt_neox", "gemma2"])
@@ -208,18 +211,21 @@ def test_sampling_draws_what_generate_draws_with_the_same_seed(arch):
                                                        **kw))
 
 
-def test_each_generation_step_is_self_checked(monkeypatch):
-    "A step whose last map drops its patch is refused, naming the layer."
-    import icl_book.hf_apply as ha
+def test_each_generation_step_is_self_checked():
+    """Query rows disturbed after their patch (a hook on layer 0's last MLP
+    matrix, which runs before the patch is added) are refused, naming it."""
     m = tiny_model("llama", "float64", seed=2)
     C, x = ids(1, 6, 0, low=2), ids(1, 2, 1, low=2)
-    def unpatched_last(self, l, g, y):
-        yc, yf = self.split(y)
-        self.loop.last(l, self.split(g)[1], yf)
-        return self.join(yc, yf)
-    monkeypatch.setattr(ha._TwoRows, "last", unpatched_last)
-    with pytest.raises(ValueError, match="self-check failed: .* layer 0"):
-        generate_without_context(m, C, x, 3)
+    def disturb(mod, args, y):
+        y = y.clone()
+        if y.shape[0] == 2: y[1::2] += 0.1     # the query row only
+        return y
+    h = m.model.layers[0].mlp.down_proj.register_forward_hook(disturb)
+    try:
+        with pytest.raises(ValueError, match="self-check failed: .* layer 0"):
+            generate_without_context(m, C, x, 3)
+    finally:
+        h.remove()
     assert hooks_left(m) == 0
 
 
