@@ -7,19 +7,21 @@ from __future__ import annotations
 from contextlib import ExitStack, contextmanager
 import torch
 from torch import nn
-from .core import rel_err, check_int, hold_sigint, release_sigint, \
-    sigint_critical
+from .core import rel_err, check_int, check_float, hold_sigint, \
+    release_sigint, sigint_critical
 from .blocks import RankOne
-from .families import Adapter, moe_layout
+from .families import Adapter, moe_layout, refuse_rounding
 from .patch import patched_weights
 from .discovery import norm_rounds
-from icl_book.hf_checks import (
+from .hf_checks import (
     HFPatch, check_model, check_patch, head_reads_outside, drop_pooled,
     model_state, refuse_stale, restored, check_call, claim, check_owner,
-    check_mode)
+    check_mode, weights_changed, check_ids, check_length)
+
 from .hf_patch import (
     context_patches, output_tensor, accepts_kwarg, _Win, _base_forward,
-    _hooks, _layer_err, _moe_run, _moe_first, _moe_last)
+    _hooks, _layer_err, _moe_run, _moe_first, _moe_last, _ClosedLoop,
+    refuse_mismatch, SELF_CHECK_TOL)
 
 # %% auto #0
 __all__ = ['write_weights', 'patched', 'moe_routing', 'patch_errors', 'generate_without_context']
@@ -32,6 +34,8 @@ class _Apply:
         self.ad, self.model, self.patches = ad, model, patches
         self.P, self.win = patches.layers, _Win(len(ad.layers))
         self.seen, self.expect = [], []       # checked call; state
+        self.calls = 0                        # checked calls in the block
+
 
     def first(self, l, j, a, y):
         "(W + u vᵀ) a for the first map j of layer l."
@@ -69,10 +73,16 @@ _Apply.moe, _Apply.post = _apply_moe, _apply_post
 
 # %% ../nbs/11ba_hf_apply.ipynb #c01213b
 def _apply_check(self, m, a, k):
-    "The base model's pre-hook: owner, mode, state and the call's inputs."
+    """The base model's pre-hook: owner, mode, state (counters, addresses,
+    configuration; the byte sums are compared on entry and exit) and the
+    call's inputs."""
     check_owner(self.ad); check_mode(self.ad, self.model)
-    if self.expect: refuse_stale(self.ad, self.expect[0], "inside patched(...)")
-    self.seen.append(True); return check_call(self.patches, a, k)
+    if self.expect:
+        refuse_stale(self.ad, self.expect[0], "inside patched(...)", False)
+
+    self.seen.append(True); self.calls += 1
+    return check_call(self.patches, a, k)
+
 
 def _apply_block_pre(self, l, x):
     "A block's pre-hook: refuse a block run without the model's input check."
@@ -199,7 +209,25 @@ def _no_generate(st: ExitStack, model) -> None:
     st.callback(vars(model).pop, 'generate', None)
 
 # %% ../nbs/11ba_hf_apply.ipynb #c01215b
+def _refuse_data_writes(ad: Adapter, before) -> None:
+    "On leaving: weights whose bytes changed while their counters did not."
+    if before.bits is None: return
+    now = model_state(ad, bits=True)
+    bad = [n for n in weights_changed(before, now)
+           if now.versions.get(n) == before.versions[n]]
+    if bad:
+        raise ValueError(
+            f"{len(bad)} weight(s) of the {ad.name} changed inside "
+            f"patched(...) through .data ({', '.join(bad[:3])}"
+            f"{', ...' if len(bad) > 3 else ''}), which the check at each "
+            "call does not see (it reads counters and addresses; the bytes "
+            "are compared on entry and on leaving): outputs computed after "
+            "the write are not the patched run's; compute the patches again "
+            "with context_patches and run the query again")
+
+
 @sigint_critical                      # a Ctrl-C lands after enter/exit
+
 @contextmanager
 def patched(model,             # the model the patches were computed for
             patches: HFPatch,  # from `context_patches`
@@ -225,6 +253,8 @@ def patched(model,             # the model the patches were computed for
                          else model_state(ad, bits=True))   # byte sums
         opened = True; release_sigint()        # a held-back Ctrl-C: here
         yield model
+        if ap.calls: _refuse_data_writes(ad, ap.expect[0])   # byte sums
+
     finally:
         if opened: hold_sigint()
         try:
@@ -334,6 +364,141 @@ def _eos(model):
     pad = getattr(gc, 'pad_token_id', None)
     return eos, pad if pad is not None else (eos[0] if eos else 0)
 
+def _picker(do_sample: bool, temperature, top_k, top_p, generator):
+    """pick(logits (B, vocab)) -> tokens (B,): the argmax, or a draw after
+    temperature, top-k and top-p, in float32 as `model.generate` does."""
+    from transformers.generation import (TemperatureLogitsWarper,
+                                         TopKLogitsWarper, TopPLogitsWarper)
+    check_float('temperature', temperature, 0, strict=True)
+    check_float('top_p', top_p, 0, 1, strict=True)
+    if top_k is not None: check_int('top_k', top_k, 0)
+    warp = [w for w, on in ((TemperatureLogitsWarper(temperature),
+                             temperature != 1.0),
+                            (top_k and TopKLogitsWarper(top_k), bool(top_k)),
+                            (TopPLogitsWarper(top_p), top_p < 1.0)) if on]
+    def pick(logits):
+        s = logits.to(torch.float32)
+        if not do_sample: return s.argmax(-1)
+        for w in warp: s = w(None, s)
+        return torch.multinomial(torch.softmax(s, -1), 1,
+                                 generator=generator)[:, 0]
+    return pick
+
+# %% ../nbs/11ba_hf_apply.ipynb #h37g_g01
+class _TwoRows:
+    """One step's hooks on rows (2B, T, ·): row 2b runs with the context,
+    row 2b+1 the query alone, patched at each layer from row 2b's values
+    there (`_ClosedLoop` of 11b, reading row 2b as its `with_context_pass`)."""
+    def __init__(self, ad: Adapter, mode: str, B: int):
+        self.ad, self.mode, self.B = ad, mode, B
+
+    def start(self):
+        "A new forward: fresh records and closed loop (every block opened)."
+        self.ctx = [dict() for _ in self.ad.layers]
+        self.loop = _ClosedLoop(self.ad, self.ctx, self.mode)
+        for l in range(len(self.ctx)): self.loop.block_pre(l, None)
+
+    def split(self, t):
+        "(2B, T, ·) -> with-context rows, query-alone rows (B, T, ·)."
+        t = t.reshape(self.B, 2, *t.shape[1:]); return t[:, 0], t[:, 1]
+
+    def join(self, c, f): return torch.stack([c, f], 1).flatten(0, 1)
+
+    def hooks(self) -> dict:
+        "The callbacks `_hooks` takes."
+        return dict(stream=self.stream, first=self.first, last=self.last,
+                    post=self.post, block=self.block)
+
+    def stream(self, l, h):
+        c, f = self.split(h); self.ctx[l]['h'] = c; self.loop.stream(l, f)
+
+    def first(self, l, j, a, y):
+        (yc, yf), af = self.split(y), self.split(a)[1]
+        self.ctx[l][f'y{j}'] = yc
+        return self.join(yc, self.loop.first(l, j, af, yf))
+
+    def last(self, l, g, y):
+        (yc, yf), gf = self.split(y), self.split(g)[1]
+        new = self.loop.last(l, gf, yf)
+        return None if new is None else self.join(yc, new)
+
+    def post(self, l, x, y):
+        (yc, yf), xf = self.split(y), self.split(x)[1]
+        return self.join(yc, self.loop.post(l, xf, yf))
+
+    def block(self, l, o):
+        c, f = self.split(o); self.ctx[l]['out'] = c; self.loop.block(l, f)
+
+    def check(self) -> None:
+        """The self-check of `context_patches`: every layer's block output
+        in the query-alone rows against the context's (one read back; the
+        layers are named only when one misses)."""
+        f = torch.stack([torch.cat(o, 1) for o in self.loop.outs])
+        c = torch.stack([k['out'] for k in self.ctx])
+        if not rel_err(f, c) <= SELF_CHECK_TOL.get(f.dtype, 0.05):
+            refuse_mismatch(self.ad, tuple(
+                _layer_err(a, b, None) for a, b in zip(f, c)))
+
+# %% ../nbs/11ba_hf_apply.ipynb #h37g_g02
+def _two_rows_fit(ad: Adapter, model) -> bool:
+    """Whether the two-row run applies: a KV cache, position ids and a mask
+    taken by the model, dense sequential blocks (no MoE, parallel branches
+    or chunked MLP: those take the per-token path)."""
+    return (all(lay.moe is None and not lay.branch and lay.stream is not None
+                for lay in ad.layers)
+            and not (getattr(model.config, 'chunk_size_feed_forward', 0) or 0)
+            and _cache_kw(model) is not None
+            and all(accepts_kwarg(model, k) for k in (
+                'position_ids', 'attention_mask')))
+
+def _cache_kw(model):
+    "The forward's KV-cache argument: 'cache' (transformers 5), or older."
+    return next((k for k in ('cache', 'past_key_values')
+                 if accepts_kwarg(model, k)), None)
+
+def _cache_of(r):
+    "The KV cache in a model output."
+    c = r.get('cache') if 'cache' in r else None
+    return c if c is not None else r['past_key_values']
+
+def _two_rows(model, ad: Adapter, C, x, k: int, mode: str, step):
+    """Yields the query-alone rows' last logits (B, vocab) per new token; the
+    caller's `step(logits)` returns the next tokens (B,) or None to stop."""
+    (B, n), dev = C.shape, x.device
+    cache = _cache_of(ad.base(input_ids=C, use_cache=True))    # once
+    cache.batch_repeat_interleave(2)         # rows 2b and 2b+1 share it
+    mask = torch.ones(2 * B, n, dtype=torch.long, device=dev)
+    mask[1::2] = 0                           # the query alone: no context
+    tr, ids, t0 = _TwoRows(ad, mode, B), x.repeat_interleave(2, 0), n
+    keep = dict(logits_to_keep=1) if accepts_kwarg(model, 'logits_to_keep') \
+        else {}
+    ckw = _cache_kw(model)
+    with ExitStack() as st:
+        claim(st, ad); _hooks(st, ad, 2 * B, **tr.hooks())
+        for _ in range(k):
+            T = ids.shape[1]; check_length(model, ad, n, t0 + T - n)
+            mask = torch.cat([mask, mask.new_ones(2 * B, T)], 1)
+            pos = torch.arange(t0, t0 + T, device=dev).expand(2 * B, T)
+            tr.start()
+            r = model(input_ids=ids, attention_mask=mask, position_ids=pos,
+                      use_cache=True, **{ckw: cache}, **keep)
+            tr.check()                       # each layer, each position
+            cache, t0 = _cache_of(r), t0 + T
+            nxt = step(r.logits[:, -1].reshape(B, 2, -1)[:, 1])
+            if nxt is None: return
+            ids = nxt.repeat_interleave(2)[:, None]
+
+def _per_token(model, C, x, k: int, mode: str, step):
+    "The same, each step's patches computed afresh by `context_patches`."
+    q = x
+    for _ in range(k):
+        p = context_patches(model, C, q, mode)      # for this query
+        with patched(model, p):                     # no context
+            nxt = step(model(q, use_cache=False).logits[:, -1])
+        if nxt is None: return
+        q = torch.cat([q, nxt[:, None]], 1)
+
+# %% ../nbs/11ba_hf_apply.ipynb #h37g_g03
 def generate_without_context(
         model,                       # a *ForCausalLM model
         context_ids: torch.Tensor,   # context token ids (B, n)
@@ -341,26 +506,46 @@ def generate_without_context(
         max_new_tokens: int,         # tokens to generate, at least 1
         mode: str = 'rank1',         # 'rank1' or 'bias'
         return_logits: bool = False,  # also the logits (B, k, vocab)
+        do_sample: bool = False,     # sample instead of the argmax
+        temperature: float = 1.0,    # divides the logits (sampling)
+        top_p: float = 1.0,          # nucleus: smallest set of this mass
+        top_k=None,                  # keep the k largest logits (None: all)
+        eos_token_id=None,           # int or ids ending a row (None: config)
+        generator=None,              # torch.Generator for the draws
+        seed=None,                   # or a seed for a fresh generator
 ):
-    "Greedy tokens (B, k) after the query, the context replaced by patches."
+    """Tokens (B, k) after the query, the context replaced by patches: each
+    new token's logits (B, vocab) are the patched query alone's."""
     ad = check_model(model)
     if not ad.lm:
         raise TypeError(f"generation needs a causal LM head (a "
                         f"*ForCausalLM model); got a {ad.name}")
     check_int('max_new_tokens', max_new_tokens, 1)    # True is no count
+    check_ids(ad, model, context_ids=context_ids, query_ids=query_ids)
+    refuse_rounding(ad)
+    if seed is not None:
+        if generator is not None:
+            raise ValueError("pass a generator or a seed, not both")
+        generator = torch.Generator(query_ids.device).manual_seed(
+            check_int('seed', seed, 0))
+    pick = _picker(do_sample, temperature, top_k, top_p, generator)
     eos, pad = _eos(model)
+    if eos_token_id is not None:
+        eos = [eos_token_id] if isinstance(eos_token_id, int) \
+            else list(eos_token_id)
     eos_t = torch.tensor(eos, dtype=torch.long, device=query_ids.device)
-    q, logits = query_ids, []
-    alive = torch.ones(q.shape[0], dtype=torch.bool, device=q.device)
+    toks, logits = [], []
+    alive = torch.ones(query_ids.shape[0], dtype=torch.bool,
+                       device=query_ids.device)
+    def step(last):
+        nonlocal alive
+        nxt = torch.where(alive, pick(last), pad)
+        toks.append(nxt); logits.append(last)
+        alive = alive & ~torch.isin(nxt, eos_t)
+        return nxt if alive.any() else None
+    run = _two_rows if _two_rows_fit(ad, model) else \
+        lambda m, ad, *a: _per_token(m, *a)
     with torch.no_grad():
-        for _ in range(max_new_tokens):
-            p = context_patches(model, context_ids, q, mode)  # for this query
-            with patched(model, p):                           # no context
-                last = model(q, use_cache=False).logits[:, -1]  # (B, vocab)
-            logits.append(last)
-            nxt = torch.where(alive, last.argmax(-1), pad)
-            q = torch.cat([q, nxt[:, None]], 1)
-            alive &= ~torch.isin(nxt, eos_t)
-            if not alive.any(): break
-    out = q[:, query_ids.shape[1]:]
+        run(model, ad, context_ids, query_ids, max_new_tokens, mode, step)
+    out = torch.stack(toks, 1)
     return (out, torch.stack(logits, 1)) if return_logits else out

@@ -462,9 +462,12 @@ def refuse_stale(
         ad: Adapter,  # the model's adapter (`check_model`)
         before: ModelState,  # state the patches were made in
         when: str,  # where, for the message
+        bits: bool = True,  # also compare byte sums (if `before` has them)
 ) -> None:
-    "Raise if weights or configuration changed since the patches were made."
-    now = model_state(ad, bits=before.bits is not None)
+    """Raise if weights or configuration changed since the patches were made;
+    with bits=False only counters and addresses (blind to `.data` writes)."""
+    now = model_state(ad, bits=bits and before.bits is not None)
+
     if bad := weights_changed(before, now):
         raise ValueError(
             f"{len(bad)} weight(s) of the {ad.name} changed {when} "

@@ -353,7 +353,10 @@ class _ClosedLoop:
 def _guard(self, x2, ok, l: int, key: str, why: str) -> None:
     "Refuse unless ok (and finite) at the real query slots of the window."
     w = self.win.take(l, key, ok.shape[1])
+    if self.qmask is None and bool((torch.isfinite(x2).all() & ok.all())):
+        return                           # one read back: all finite and ok
     real = (torch.ones_like(ok) if self.qmask is None
+
             else self.qmask[:, w, None].bool().expand_as(ok))
     _refuse_unless(torch.isfinite(x2)[real], l, _NAN)
     _refuse_unless(ok | ~real, l, why)

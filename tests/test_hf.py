@@ -135,6 +135,115 @@ def test_generation_stops_at_eos_like_generate():
     assert (out[ended][:, -1] == 2).all()      # padded after the end
 
 
+def _mlp_inputs(m, l, f):
+    "f()'s result and the inputs of layer l's gate_proj at every call."
+    seen, mod = [], m.model.layers[l].mlp.gate_proj
+    h = mod.register_forward_pre_hook(
+        lambda _, args: seen.append(args[0].detach().clone()))
+    try:
+        return f(), seen
+    finally:
+        h.remove()
+
+
+@pytest.mark.parametrize("arch", ["llama", "mistral"])
+def test_two_row_generation_is_the_patched_query_alone(arch):
+    """Each new token comes from the patched query alone: the query rows'
+    MLP inputs are those of the per-token patched run (context_patches and
+    patched(...) on the query so far) and differ from the rows with the
+    context (so the query rows do not see the context), and the logits are
+    the per-token patched run's."""
+    m = tiny_model(arch, "float64", seed=7)
+    m.generation_config.eos_token_id = None
+    C, x = ids(2, 10, 8, low=2), ids(2, 2, 9, low=2)
+    for l in (1, 2):
+        (out, logits), a = _mlp_inputs(m, l, lambda: generate_without_context(
+            m, C, x, 4, return_logits=True))
+        assert a[0].shape[:2] == (2, 10)       # the context, run once
+        a = a[1:]                              # then two rows per sequence
+        assert len(a) == 4 and all(t.shape[0] == 4 for t in a)
+        q = x
+        for t in range(4):
+            p = context_patches(m, C, q)
+            with torch.no_grad(), patched(m, p):
+                ref, (ra,) = _mlp_inputs(m, l, lambda: m(
+                    q, use_cache=False).logits[:, -1])
+            T = a[t].shape[1]              # positions run at step t
+            assert rel_err(a[t][1::2], ra[:, -T:]) <= 1e-10
+            assert rel_err(a[t][1::2], a[t][0::2]) > 1e-3
+            assert rel_err(logits[:, t], ref) <= 1e-10
+            q = torch.cat([q, out[:, t:t + 1]], 1)
+
+
+@pytest.mark.parametrize("arch", ["gpt_neox", "gemma2"])
+def test_generation_equals_generate_parallel_and_post_norm(arch):
+    "gpt_neox (parallel blocks) takes the per-token path, gemma2 two rows."
+    m = tiny_model(arch, "float32", seed=7)
+    C, x = ids(2, 10, 8, low=2), ids(2, 2, 9, low=2)
+    prompt = torch.cat([C, x], 1)
+    ref = m.generate(prompt, attention_mask=torch.ones_like(prompt),
+                     max_new_tokens=6, do_sample=False)[:, 12:]
+    assert torch.equal(generate_without_context(m, C, x, 6), ref)
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt_neox"])
+def test_sampling_draws_what_generate_draws_with_the_same_seed(arch):
+    """do_sample with temperature and top-p: the same tokens model.generate
+    samples from the with-context logits after torch.manual_seed(s)."""
+    m = tiny_model(arch, "float64", seed=3)
+    m.generation_config.eos_token_id = None
+    C, x = ids(3, 9, 4, low=2), ids(3, 2, 5, low=2)
+    prompt = torch.cat([C, x], 1)
+    kw = dict(do_sample=True, temperature=0.7, top_p=0.9, top_k=None)
+    torch.manual_seed(11)
+    ref = m.generate(prompt, attention_mask=torch.ones_like(prompt),
+                     max_new_tokens=8, pad_token_id=0, **kw)[:, 11:]
+    torch.manual_seed(11)
+    out = generate_without_context(m, C, x, 8, **kw)
+    assert torch.equal(out, ref)
+    greedy = generate_without_context(m, C, x, 8)
+    assert not torch.equal(out, greedy)        # it did sample
+    a = generate_without_context(m, C, x, 8, seed=5, **kw)
+    g = torch.Generator().manual_seed(5)
+    assert torch.equal(a, generate_without_context(m, C, x, 8, generator=g,
+                                                   **kw))
+    assert not torch.equal(a, generate_without_context(m, C, x, 8, seed=6,
+                                                       **kw))
+
+
+def test_each_generation_step_is_self_checked():
+    """Query rows disturbed after their patch (a hook on layer 0's last MLP
+    matrix, which runs before the patch is added) are refused, naming it."""
+    m = tiny_model("llama", "float64", seed=2)
+    C, x = ids(1, 6, 0, low=2), ids(1, 2, 1, low=2)
+    def disturb(mod, args, y):
+        y = y.clone()
+        if y.shape[0] == 2: y[1::2] += 0.1     # the query row only
+        return y
+    h = m.model.layers[0].mlp.down_proj.register_forward_hook(disturb)
+    try:
+        with pytest.raises(ValueError, match="self-check failed: .* layer 0"):
+            generate_without_context(m, C, x, 3)
+    finally:
+        h.remove()
+    assert hooks_left(m) == 0
+
+
+def test_generation_options_are_checked():
+    m = tiny_model("llama", "float64")
+    C, x = ids(1, 5, 0), ids(1, 2, 1)
+    with pytest.raises(ValueError, match="temperature"):
+        generate_without_context(m, C, x, 2, do_sample=True, temperature=0)
+    with pytest.raises(ValueError, match="top_p"):
+        generate_without_context(m, C, x, 2, do_sample=True, top_p=1.5)
+    with pytest.raises(ValueError, match="a generator or a seed"):
+        generate_without_context(m, C, x, 2, seed=1,
+                                 generator=torch.Generator())
+    first = generate_without_context(m, C, x, 1)[0, 0].item()
+    out = generate_without_context(m, C, x, 5, eos_token_id=first)
+    assert out.shape == (1, 1)                 # stopped at the end token
+
+
 # --------------------------------------------------------------- bad inputs
 def test_bad_inputs_are_refused_clearly():
     m = tiny_model("llama", "float64")

@@ -114,19 +114,47 @@ def test_weights_written_through_data_are_refused():
 
 
 @pytest.mark.parametrize("inplace", [False, True])
-def test_data_writes_inside_an_open_block_are_refused_at_the_next_call(
-        inplace):
-    "Before: seen only at the next entry; the second call was off silently."
+def test_data_writes_inside_an_open_block_are_refused_on_leaving_it(inplace):
+    """The check at each call reads counters and addresses only (a forward
+    pass's worth of byte sums per call was the cost): a write through `.data`
+    between two calls is not seen by the second call, as 11ac says, and is
+    refused when the block is left."""
     m = tiny_model("llama")
     C, x = ids(1, 6, 0), ids(1, 1, 1)
     p, full = context_patches(m, C, x), full_out(m, C, x)
     w = m.model.layers[0].mlp.down_proj.weight
-    with patched(m, p, inplace=inplace):
-        assert rel_err(output(m, x), full) <= 1e-10
-        w.data.mul_(1.01)                  # no version bump
+    with pytest.raises(ValueError, match="changed inside patched\\(...\\) "
+                       "through .data \\(layers.0.mlp.down_proj.weight\\)"):
+        with patched(m, p, inplace=inplace):
+            assert rel_err(output(m, x), full) <= 1e-10
+            w.data.mul_(1.01)              # no version bump
+            assert rel_err(output(m, x), full) > 1e-4   # not seen per call
+            w.data.div_(1.01)              # not bit for bit the old weight
+
+
+def test_a_normal_in_place_write_inside_an_open_block_is_refused_at_the_call():
+    "torch's counter sees it: the next call is refused, leaving is not."
+    m = tiny_model("llama")
+    C, x = ids(1, 6, 0), ids(1, 1, 1)
+    p = context_patches(m, C, x)
+    w = m.model.layers[0].mlp.down_proj.weight
+    with patched(m, p):
+        output(m, x)
+        with torch.no_grad():
+            w.mul_(1.01)
         with pytest.raises(ValueError, match="changed inside patched"):
             output(m, x)
-        w.data.div_(1.01)
+
+
+def test_a_data_write_with_no_call_after_entering_is_not_refused_on_leaving():
+    "No output was computed inside the block, so none can be wrong."
+    m = tiny_model("llama")
+    p = context_patches(m, ids(1, 6, 0), ids(1, 1, 1))
+    with patched(m, p):
+        m.model.layers[0].mlp.down_proj.weight.data.mul_(1.01)
+    with pytest.raises(ValueError, match="changed since context_patches"):
+        with patched(m, p):
+            pass
 
 
 def test_a_changed_configuration_is_refused():
