@@ -13,7 +13,7 @@ from .core import resolve_dtype
 # %% auto #0
 __all__ = ['PATTERNS', 'FAMILIES', 'SUPPORTED', 'TINY_ARCHS', 'Family', 'tiny_model', 'Layer', 'Adapter', 'linear_weight',
            'supported', 'find_family', 'adapter', 'moe_first_delta', 'moe_last_deltas', 'moe_layout', 'moe_rounds',
-           'refuse_rounding']
+           'float32_routers', 'refuse_rounding']
 
 # %% ../nbs/11a_families.ipynb #c00511a
 class Family(NamedTuple):
@@ -440,49 +440,66 @@ def moe_layout(lay: Layer) -> tuple:
 
 
 # %% ../nbs/11a_families.ipynb #c01311ad
-_ROUNDS = weakref.WeakKeyDictionary()   # MoE module -> (dtype, name)
+_ROUNDS = weakref.WeakKeyDictionary()   # MoE module -> (dtype, names)
 
 class _Casts(TorchFunctionMode):
-    "Sees whether any op turns the parameters `ps` into float32 tensors."
+    "Sees which of the parameters `ps` ops turn into float32 tensors."
     def __init__(self, ps: dict):
-        super().__init__(); self.ps, self.hit = ps, None
+        super().__init__(); self.ps, self.hits = ps, []
     def __torch_function__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
         if isinstance(out, torch.Tensor) and out.dtype == torch.float32:
-            self.hit = self.hit or next((n for n, p in self.ps.items()
-                                         if any(a is p for a in args)), None)
+            self.hits += [n for n, p in self.ps.items() if n not in
+                          self.hits and any(a is p for a in args)]
         return out
 
-def moe_rounds(moe: nn.Module,    # a mixture-of-experts module
-               names: tuple,      # its first parameters' names
-               dtype: torch.dtype  # the model's dtype
-               ) -> Optional[str]:
-    "The first parameter a float64 MoE casts to float32 (its router), or None."
-    if dtype != torch.float64: return None
+def _rounding(moe: nn.Module, names: tuple, dtype: torch.dtype) -> tuple:
+    "Every first parameter a float64 MoE casts to float32, in call order."
+    if dtype != torch.float64: return ()
     if (hit := _ROUNDS.get(moe)) and hit[0] == dtype: return hit[1]
     ps = {n: p for n, p in moe.named_parameters() if n in names}
     g = torch.Generator(device='cpu').manual_seed(0)
     x = torch.randn(1, 3, ps[names[0]].shape[-1], generator=g, dtype=dtype)
     with torch.no_grad(), _Casts(ps) as mode:
         moe(x.to(ps[names[0]].device))
-    _ROUNDS[moe] = (dtype, mode.hit)
-    return mode.hit
+    _ROUNDS[moe] = (dtype, tuple(mode.hits))
+    return _ROUNDS[moe][1]
+
+def moe_rounds(moe: nn.Module,    # a mixture-of-experts module
+               names: tuple,      # its first parameters' names
+               dtype: torch.dtype  # the model's dtype
+               ) -> Optional[str]:
+    "The first parameter a float64 MoE casts to float32 (its router), or None."
+    hits = _rounding(moe, names, dtype)
+    return hits[0] if hits else None
 
 # %% ../nbs/11a_families.ipynb #c01311ae
+def _rounded(lay: Layer, dtype: torch.dtype) -> tuple:
+    "The first parameters (names inside the MoE) cast to float32."
+    if lay.moe is None: return ()
+    cut = len(lay.family.moe) + 1
+    return _rounding(lay.moe, tuple(p[cut:] for p in lay.family.first), dtype)
+
+def float32_routers(lay: Layer,         # one layer of an adapter
+                    dtype: torch.dtype  # the model's dtype
+                    ) -> tuple:
+    """Paths inside the layer's MoE module of the submodules (its routers)
+    that cast a first parameter to float32: run unpatched on a + ΔA."""
+    return tuple(dict.fromkeys(n.rpartition('.')[0]
+                               for n in _rounded(lay, dtype)))
+
 def refuse_rounding(ad  # the model's adapter
                     ) -> None:
-    "Refuse a float64 model whose MoE router computes in float32."
+    "Refuse a float64 MoE that casts a parameter of its own to float32."
     dt = next(p.dtype for p in ad.base.parameters() if p.is_floating_point())
     for l, lay in enumerate(ad.layers):
-        if lay.moe is None: continue
-        cut = len(lay.family.moe) + 1
-        if n := moe_rounds(lay.moe, tuple(p[cut:] for p in lay.family.first),
-                           dt):
+        if n := next((n for n in _rounded(lay, dt) if '.' not in n), None):
             raise ValueError(
                 f"layer {l} of the {ad.name}: its mixture of experts "
-                f"applies {n} in float32 even in this float64 model, so a "
-                "patched router is rounded to float32 and the routing "
-                "weights are off by float32 round-off (about 1e-7), which "
-                "no float64 self-check should pass as exact: use the "
-                "model in float32, where that is its own round-off")
+                f"applies {n} in float32 even in this float64 model, and "
+                "holds it itself rather than in a router submodule whose "
+                "input could be moved instead, so a patched weight would "
+                "be rounded to float32 (about 1e-7), which no float64 "
+                "self-check should pass as exact: use the model in "
+                "float32, where that is its own round-off")
 

@@ -54,7 +54,10 @@ def _apply_moe(self, l, a, y):
     p = self.P[l]; w = self.win.take(l, 'moe', a.shape[1])
     sl = lambda r: RankOne(r.u[:, w], r.v[:, w])
     out = _moe_run(self.ad, self.ad.layers[l], a, [sl(r) for r in p.dW],
-                   None if p.dW_out is None else sl(p.dW_out))
+                   None if p.dW_out is None else sl(p.dW_out),
+                   None if p.dA is None else p.dA[:, w],
+                   (a.shape[0], self.patches.start + self.patches.shape[1],
+                    self.patches.start + w.start))
     if p.db_out is None or self.ad.layers[l].post is not None: return out
     return (out.to(p.db_out.dtype) + p.db_out[:, w]).to(y.dtype)
 
@@ -115,6 +118,12 @@ def _writer(st: ExitStack, ad: Adapter, written: list):
 
 def _write_moe(write, lay, p) -> None:
     "A MoE layer: router and experts' parameters, 2-D or 3-D."
+    if p.dA is not None:
+        raise ValueError(
+            "this mixture of experts routes in float32 even in a float64 "
+            "model, so a router weight written in place would be rounded "
+            "to float32; use the default inplace=False (its router reads "
+            "the patched input instead, exact)")
     tf, tl = moe_layout(lay)
     for P, r, tr in zip(lay.first, p.dW, tf):
         write(P, _moe_first(P, r, 0, 0, tr), 'router or expert')

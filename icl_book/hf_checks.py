@@ -26,11 +26,13 @@ class LayerPatch(NamedTuple):
     db_out: Optional[torch.Tensor]   # steering vector (B, q, d), or None
     dW_out: Optional[RankOne]        # on the last: u (B,q,d), v (B,q,H)
     ds_post: Optional[torch.Tensor] = None  # post-norm scale change (B,q,d)
+    dA: Optional[torch.Tensor] = None  # MoE with a float32 router: the
+                                       # change ΔA of its input (B,q,d)
 
     def numel(self) -> int:
         "Numbers stored per query position (the shared v counted once)."
         parts = [r.u for r in self.dW] + [self.dW[0].v if self.dW else None,
-                                          self.db_out, self.ds_post]
+                                          self.db_out, self.ds_post, self.dA]
         if self.dW_out is not None: parts += [self.dW_out.u, self.dW_out.v]
         return sum(p.shape[-1] for p in parts if p is not None)
 
