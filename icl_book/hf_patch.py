@@ -171,7 +171,7 @@ _moe_first, _moe_last = moe_first_delta, moe_last_deltas   # 11a's
 
 
 # %% ../nbs/11b_hf_patch.ipynb #c00918b
-SELF_CHECK_TOL = {torch.float64: 1e-9, torch.float32: 1e-3}  # per-layer self-check
+SELF_CHECK_TOL = {torch.float64: 1e-12, torch.float32: 1e-3}  # per-layer self-check
 
 def _wide(dtype) -> torch.dtype:
     "The dtype patches are computed in: the model's, at least float32."
