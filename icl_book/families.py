@@ -312,8 +312,31 @@ def _get(root: nn.Module, path: str, where: str) -> nn.Module:
         m = getattr(m, part)
     return m
 
+_MERGE = ("merge the adapters into the weights with "
+          "model.merge_and_unload() and patch the merged model")
+
+def _is_linear(m: nn.Module) -> bool:
+    return isinstance(m, nn.Linear) or type(m).__name__ == 'Conv1D'
+
+def _base_layer(m: nn.Module) -> nn.Module:
+    "The linear map inside a PEFT adapter layer (m itself otherwise)."
+    return m.get_base_layer() if hasattr(m, 'get_base_layer') else m
+
 def _linear(m: nn.Module, where: str) -> nn.Module:
-    if isinstance(m, nn.Linear) or type(m).__name__ == 'Conv1D': return m
+    """A linear map, or a PEFT LoRA layer around one: its output W a +
+    Σ s B A a is one linear map of a, hooked whole (its variants refused)."""
+    if _is_linear(m): return m
+    if hasattr(m, 'lora_A') and _is_linear(_base_layer(m)):
+        if var := [a for a in m.active_adapters if m.lora_variant.get(a)
+                   or m.use_dora.get(a)]:
+            raise TypeError(f"{where}: the LoRA adapter {var[0]!r} is a "
+                            f"variant (DoRA, ...) the patch cannot read; "
+                            + _MERGE)
+        return m
+    if hasattr(m, 'base_layer'):
+        raise TypeError(f"{where}: a PEFT {type(m).__name__} layer that "
+                        f"is not plain LoRA, which the patch cannot read; "
+                        + _MERGE)
     raise TypeError(f"{where}: expected an nn.Linear or a transformers "
                     f"Conv1D, got {type(m).__name__}")
 
@@ -331,10 +354,12 @@ def _param(root: nn.Module, path: str, where: str,
                         f"release or subclass has a different block")
     return p
 
-def linear_weight(m: nn.Module  # an nn.Linear or a transformers Conv1D
+def linear_weight(m: nn.Module  # an nn.Linear, a transformers Conv1D (or
+                                # a PEFT LoRA layer: its base layer's)
                   ) -> torch.Tensor:
     "The matrix of a linear map as (out, in); `Conv1D` stores (in, out)."
-    return m.weight if isinstance(m, nn.Linear) else m.weight.T
+    b = _base_layer(m)
+    return b.weight if isinstance(b, nn.Linear) else b.weight.T
 
 # %% ../nbs/11a_families.ipynb #c01311a
 def supported() -> dict:
@@ -381,10 +406,27 @@ def _resolve_layer(b: nn.Module, fam: Family, l: int, cfg) -> Layer:
         _get(b, fam.post, w) if fam.post else None, None, fam)
 
 # %% ../nbs/11a_families.ipynb #c01311ab2
-def adapter(model,  # a transformers model, with or without its head
+def _peft_inner(model):
+    """The transformers model inside a PEFT `PeftModel` (its LoRA layers in
+    place), or `model` itself; TypeError for adapters it cannot read."""
+    if not any(c.__name__ == 'PeftModel' for c in type(model).__mro__):
+        return model
+    kind = lambda c: str(getattr(c.peft_type, 'value', c.peft_type))
+    bad = [f"{a!r} ({kind(c)}{', DoRA' if getattr(c, 'use_dora', 0) else ''})"
+           for a in model.active_adapters if (c := model.peft_config[a])
+           and (kind(c) != 'LORA' or getattr(c, 'use_dora', False))]
+    if bad:
+        raise TypeError(f"the PeftModel's active adapter {', '.join(bad)} is "
+                        "not plain LoRA, so the patch cannot read the maps it "
+                        "changes; " + _MERGE)
+    return model.get_base_model()
+
+def adapter(model,  # a transformers model, with or without its head, or a
+                    # PEFT PeftModel of one with LoRA adapters
             family: Optional[Family] = None  # None: by model_type
             ) -> Adapter:
     "The family description of `model` resolved on its modules."
+    model = _peft_inner(model)
     cfg = getattr(model, 'config', None)
     if cfg is None or not isinstance(model, nn.Module):
         raise TypeError(f"{type(model).__name__} is not a transformers "

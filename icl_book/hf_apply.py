@@ -10,7 +10,7 @@ from torch import nn
 from .core import rel_err, check_int, hold_sigint, release_sigint, \
     sigint_critical
 from .blocks import RankOne
-from .families import Adapter, moe_layout
+from .families import Adapter, moe_layout, _base_layer
 from .patch import patched_weights
 from .discovery import norm_rounds
 from icl_book.hf_checks import (
@@ -140,7 +140,7 @@ def _write_dense(write, ad: Adapter, lay, p) -> None:
     edits = list(zip(lay.first, p.dW))
     if p.dW_out is not None: edits.append((lay.last, p.dW_out))
     for m, r in edits:
-        r = flat(r)
+        r, m = flat(r), _base_layer(m)   # a LoRA layer: into its base weight
         if not isinstance(m, nn.Linear): r = RankOne(r.v, r.u)  # Conv1D
         write(m.weight, r.dense(), 'linear map')
     _write_rest(write, ad, lay, p)

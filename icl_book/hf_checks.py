@@ -306,6 +306,13 @@ def _bits(p: torch.Tensor) -> torch.Tensor:
 
 _FREE = ('use_cache', 'output_hidden_states', 'return_dict', 'dtype')
 
+def _adapters(ad: Adapter) -> tuple:
+    """Per PEFT adapter layer: its active adapters, whether disabled
+    (`disable_adapter()`) and whether merged; () without PEFT."""
+    return tuple((n, tuple(m.active_adapters), bool(m.disable_adapters),
+                  bool(m.merged)) for n, m in ad.base.named_modules()
+                 if hasattr(m, 'disable_adapters') and hasattr(m, 'merged'))
+
 def model_state(
         ad: Adapter,  # the model's adapter (`check_model`)
         bits: bool = False,  # also the weights' byte sums (reads them all)
@@ -320,6 +327,8 @@ def model_state(
     cfg = {k: v for k, v in ad.base.config.to_dict().items()
            if k not in _FREE}
     cfg['attn_implementation'] = ad.base.config._attn_implementation
+    if peft := _adapters(ad):
+        cfg['PEFT adapters (active, disabled, merged)'] = peft
     return ModelState({n: (p.data_ptr(), p._version) for n, p in ps}, rot,
                       {n: _bits(p) for n, p in ps} if bits else None, cfg)
 
