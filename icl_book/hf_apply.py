@@ -14,7 +14,8 @@ from .families import Adapter, moe_layout, _base_layer
 from .patch import patched_weights
 from .discovery import norm_rounds
 from icl_book.hf_checks import (
-    HFPatch, check_model, check_patch, head_reads_outside, drop_pooled,
+    HFPatch, check_model, check_patch, head_reads_outside, refuse_pooled,
+    pooled_reads,
     model_state, refuse_stale, restored, check_call, claim, check_owner,
     check_mode)
 from .hf_patch import (
@@ -188,8 +189,9 @@ def _call_hooks(st: ExitStack, ad: Adapter, ap: _Apply) -> None:
     reg(ad.base.register_forward_pre_hook, hook=ap.check, with_kwargs=True)
     reg(ad.base.register_forward_hook, hook=lambda m, a, o: ap.seen.clear())
     if getattr(ad.base, 'pooler', None) is not None:
+        why = pooled_reads(ap.model, ad)
         reg(ad.base.register_forward_hook,
-            hook=lambda m, a, o: drop_pooled(o))
+            hook=lambda m, a, o: refuse_pooled(o, why))
     mods = dict(ad.base.named_modules())
     for rec in (ap.patches.state.rotary if ap.patches.state else ()):
         reg(mods[rec[0]].register_forward_hook,

@@ -4,7 +4,7 @@
 
 # %% ../nbs/11ac_hf_checks.ipynb #hf_che002
 from __future__ import annotations
-import threading, weakref
+import inspect, threading, weakref
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from typing import NamedTuple, Optional
@@ -16,8 +16,9 @@ from .discovery import find_adapter, input_embeddings
 
 # %% auto #0
 __all__ = ['LayerPatch', 'ModelState', 'HFPatch', 'check_model', 'check_ids', 'position_limit', 'check_length', 'check_mask',
-           'check_types', 'check_finite_run', 'head_reads_outside', 'drop_pooled', 'model_state', 'weights_changed',
-           'restored', 'refuse_stale', 'check_patch', 'check_call', 'check_owner', 'claim', 'check_mode']
+           'check_types', 'check_finite_run', 'head_reads_outside', 'refuse_pooled', 'pooled_reads', 'model_state',
+           'weights_changed', 'restored', 'refuse_stale', 'check_patch', 'check_call', 'check_owner', 'claim',
+           'check_mode']
 
 # %% ../nbs/11ac_hf_checks.ipynb #hf_che005
 class LayerPatch(NamedTuple):
@@ -289,14 +290,58 @@ def head_reads_outside(
             "query's; compute the patches on model.base_model and read its "
             "last_hidden_state at the query positions")
 
-def drop_pooled(
-        out,  # the base model's output (tuple or ModelOutput)
+class _ReadsContext:
+    "Stands, inside `patched`, for an output that reads a context position."
+    def __init__(self, why: str): object.__setattr__(self, 'why', why)
+    def refuse(self, *args, **kwargs): raise ValueError(self.why)
+    def __getattr__(self, name): self.refuse()
+    def __repr__(self): return f"<refused: {self.why}>"
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        next(a for a in (*args, *(kwargs or {}).values())
+             if isinstance(a, cls)).refuse()
+
+for _op in ('getitem', 'iter', 'len', 'bool', 'float', 'int', 'array',
+            'add', 'radd', 'sub', 'rsub', 'mul', 'rmul', 'matmul', 'rmatmul',
+            'truediv', 'rtruediv', 'neg', 'abs', 'pow'):
+    setattr(_ReadsContext, f'__{_op}__', _ReadsContext.refuse)
+
+_REFUSING = {}                  # output class -> its subclass that refuses
+
+def _refusing(cls):
+    "cls with a `pooler_output` attribute whose read raises the reason."
+    if cls not in _REFUSING:
+        _REFUSING[cls] = type(cls.__name__, (cls,), dict(
+            pooler_output=property(lambda o: o['pooler_output'].refuse())))
+    return _REFUSING[cls]
+
+def refuse_pooled(
+        out,       # the base model's output (tuple or ModelOutput)
+        why: str,  # what the pooled vector reads, and what to do instead
 ):
-    "The base model's output without the pooled position-0 vector."
+    "The base model's output with its pooled vector refused when read."
     if isinstance(out, tuple):
-        return out[:1] + (None,) + out[2:]
-    return type(out)(**{k: v for k, v in out.items()
-                        if k != 'pooler_output'})
+        return out[:1] + (_ReadsContext(why),) + out[2:]
+    new = type(out)(**{**out, 'pooler_output': _ReadsContext(why)})
+    new.__class__ = _refusing(type(out))
+    return new
+
+def pooled_reads(
+        model,        # the model the patches belong to
+        ad: Adapter,  # its adapter (`check_model`)
+) -> str:
+    "Why the base model's pooled vector cannot be read inside `patched`."
+    pool = ad.base.pooler
+    try: src = inspect.getsource(type(pool).forward)
+    except (OSError, TypeError): src = ''
+    what = ("reads position 0 of the [context, query] run, the context's "
+            "first token," if '[:, 0]' in src else "pools positions of the "
+            "[context, query] run that include the context's,")
+    return (f"inside patched(...) the {type(ad.base).__name__}'s "
+            f"pooler_output ({type(pool).__name__}) {what} which the "
+            "query-alone run does not have, so it would be a wrong vector: "
+            "read last_hidden_state at the query positions, or run the "
+            "model with its context")
 
 # %% ../nbs/11ac_hf_checks.ipynb #hf_che016
 def _bits(p: torch.Tensor) -> torch.Tensor:
