@@ -6,12 +6,12 @@
 __all__ = ['RankOne', 'PATCH_MODES', 'Adapter', 'FAMILIES', 'SUPPORTED', 'TINY_ARCHS', 'adapter', 'supported', 'tiny_model',
            'INSTALL', 'WHEELS', 'cache_dir', 'load_pretrained', 'missing', 'weights_path', 'LayerPatch', 'ModelState',
            'HFPatch', 'check_model', 'check_ids', 'position_limit', 'check_length', 'check_mask', 'check_types',
-           'check_finite_run', 'head_reads_outside', 'refuse_pooled', 'pooled_reads', 'model_state', 'weights_changed',
-           'restored', 'refuse_stale', 'check_patch', 'check_call', 'check_owner', 'claim', 'check_mode',
-           'write_weights', 'SELF_CHECK_TOL', 'output_tensor', 'accepts_kwarg', 'with_context_pass', 'context_patches',
-           'closed_loop_pass', 'refuse_mismatch', 'model_dtype', 'patched', 'moe_routing', 'patch_errors',
-           'generate_without_context', 'PARTS', 'prefix_patches', 'default_part', 'prefix_updates', 'token_updates',
-           'token_updates_loop']
+           'check_finite_run', 'head_reads_outside', 'refuse_pooled', 'pooled_reads', 'refuse_cache', 'model_state',
+           'weights_changed', 'restored', 'refuse_stale', 'check_patch', 'check_call', 'check_owner', 'claim',
+           'check_mode', 'write_weights', 'SELF_CHECK_TOL', 'output_tensor', 'accepts_kwarg', 'with_context_pass',
+           'context_patches', 'closed_loop_pass', 'refuse_mismatch', 'model_dtype', 'patched', 'moe_routing',
+           'patch_errors', 'generate_without_context', 'PARTS', 'prefix_patches', 'default_part', 'prefix_updates',
+           'token_updates', 'token_updates_loop']
 
 # %% ../nbs/11g_hf.ipynb #c00211g
 from .blocks import RankOne
@@ -23,7 +23,8 @@ from .weights import (INSTALL, WHEELS, cache_dir, load_pretrained,
 from .hf_checks import (
     LayerPatch, ModelState, HFPatch, check_model, check_ids, position_limit,
     check_length, check_mask, check_types, check_finite_run, head_reads_outside,
-    refuse_pooled, pooled_reads, model_state, weights_changed, restored,
+    refuse_pooled, pooled_reads, refuse_cache, model_state, weights_changed,
+    restored,
     refuse_stale,
     check_patch, check_call, check_owner, claim, check_mode)
 from .hf_patch import (
@@ -42,7 +43,8 @@ _all_ = [
     'load_pretrained', 'missing', 'weights_path', 'LayerPatch', 'ModelState',
     'HFPatch', 'check_model', 'check_ids', 'position_limit', 'check_length',
     'check_mask', 'check_types', 'check_finite_run', 'head_reads_outside',
-    'refuse_pooled', 'pooled_reads', 'model_state', 'weights_changed',
+    'refuse_pooled', 'pooled_reads', 'refuse_cache', 'model_state',
+    'weights_changed',
     'restored',
     'refuse_stale', 'check_patch', 'check_call', 'check_owner', 'claim',
     'check_mode', 'write_weights', 'SELF_CHECK_TOL', 'output_tensor',

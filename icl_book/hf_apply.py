@@ -15,7 +15,7 @@ from .patch import patched_weights
 from .discovery import norm_rounds
 from icl_book.hf_checks import (
     HFPatch, check_model, check_patch, head_reads_outside, refuse_pooled,
-    pooled_reads,
+    pooled_reads, refuse_cache,
     model_state, refuse_stale, restored, check_call, claim, check_owner,
     check_mode)
 from .hf_patch import (
@@ -184,10 +184,12 @@ def write_weights(st: ExitStack,       # restores the weights when closed
 
 # %% ../nbs/11ba_hf_apply.ipynb #c01214b
 def _call_hooks(st: ExitStack, ad: Adapter, ap: _Apply) -> None:
-    "The base model's hooks: the call check, the pooled output, the rotary."
+    "The base model's hooks: the call check, outputs reading the context (the cache, the pooled vector), the rotary."
     reg = lambda h, **kw: st.callback(h(**kw).remove)
     reg(ad.base.register_forward_pre_hook, hook=ap.check, with_kwargs=True)
     reg(ad.base.register_forward_hook, hook=lambda m, a, o: ap.seen.clear())
+    n = ap.patches.start                      # the cache first: a new output
+    reg(ad.base.register_forward_hook, hook=lambda m, a, o: refuse_cache(o, n))
     if getattr(ad.base, 'pooler', None) is not None:
         why = pooled_reads(ap.model, ad)
         reg(ad.base.register_forward_hook,

@@ -16,9 +16,9 @@ from .discovery import find_adapter, input_embeddings
 
 # %% auto #0
 __all__ = ['LayerPatch', 'ModelState', 'HFPatch', 'check_model', 'check_ids', 'position_limit', 'check_length', 'check_mask',
-           'check_types', 'check_finite_run', 'head_reads_outside', 'refuse_pooled', 'pooled_reads', 'model_state',
-           'weights_changed', 'restored', 'refuse_stale', 'check_patch', 'check_call', 'check_owner', 'claim',
-           'check_mode']
+           'check_types', 'check_finite_run', 'head_reads_outside', 'refuse_pooled', 'refuse_cache', 'pooled_reads',
+           'model_state', 'weights_changed', 'restored', 'refuse_stale', 'check_patch', 'check_call', 'check_owner',
+           'claim', 'check_mode']
 
 # %% ../nbs/11ac_hf_checks.ipynb #hf_che005
 class LayerPatch(NamedTuple):
@@ -290,10 +290,13 @@ def head_reads_outside(
             "query's; compute the patches on model.base_model and read its "
             "last_hidden_state at the query positions")
 
+class _Refused(ValueError, AttributeError):
+    "A ValueError that `hasattr` (a library probing an output) reads as False."
+
 class _ReadsContext:
     "Stands, inside `patched`, for an output that reads a context position."
     def __init__(self, why: str): object.__setattr__(self, 'why', why)
-    def refuse(self, *args, **kwargs): raise ValueError(self.why)
+    def refuse(self, *args, **kwargs): raise _Refused(self.why)
     def __getattr__(self, name): self.refuse()
     def __repr__(self): return f"<refused: {self.why}>"
     @classmethod
@@ -325,6 +328,26 @@ def refuse_pooled(
     new = type(out)(**{**out, 'pooler_output': _ReadsContext(why)})
     new.__class__ = _refusing(type(out))
     return new
+
+def _is_cache(v) -> bool:
+    return any(c.__name__ == 'Cache' for c in type(v).__mro__)
+
+def refuse_cache(
+        out,     # the base model's output (tuple or ModelOutput)
+        n: int,  # the context length the patches stand for
+):
+    "The base model's output with the KV cache it returns refused when read."
+    why = ("inside patched(...) the returned KV cache (past_key_values) "
+           f"holds the keys and values of the query alone, not those of the {n} context "
+           "positions before it, so a call continuing from them would "
+           "attend to the query only: use generate_without_context(model, "
+           "context_ids, query_ids, max_new_tokens), or run the model with "
+           "its context")
+    if isinstance(out, tuple):
+        return tuple(_ReadsContext(why) if _is_cache(v) else v for v in out)
+    if not any(_is_cache(v) for v in out.values()): return out
+    return type(out)(**{k: _ReadsContext(why) if _is_cache(v) else v
+                        for k, v in out.items()})
 
 def pooled_reads(
         model,        # the model the patches belong to

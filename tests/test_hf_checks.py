@@ -40,3 +40,23 @@ def test_pooler_output_is_refused_when_read_and_the_rest_stays_exact(bert):
         with pytest.raises(ValueError, match="pooler_output.*position 0"):
             read()
     assert outside.pooler_output.shape == (2, m.config.hidden_size)
+
+
+def test_the_kv_cache_of_a_patched_call_is_refused_when_used():
+    "It holds the query's keys and values only: continuing from it is refused."
+    m = tiny_model("llama", "float64", seed=0)
+    g = torch.Generator().manual_seed(1)
+    C, x = (torch.randint(2, 97, (1, s), generator=g) for s in (6, 2))
+    with torch.no_grad():
+        full = m(torch.cat([C, x], 1)).logits[:, 6:]
+        p = context_patches(m, C, x)
+        with patched(m, p):
+            r = m(x)                                   # use_cache: the default
+            t = m(x, return_dict=False)
+        assert rel_err(r.logits, full) <= 1e-10
+        for use in (lambda: r.past_key_values.get_seq_length(),
+                    lambda: m(x[:, :1], past_key_values=r.past_key_values),
+                    lambda: t[1].get_seq_length()):
+            with pytest.raises(ValueError, match="6 context positions"):
+                use()
+        assert m(x).past_key_values.get_seq_length() == 2   # outside: its own
