@@ -10,7 +10,7 @@ from typing import Optional
 import torch
 from torch import nn
 from torch.func import functional_call
-from .families import Family, adapter
+from .families import Family, adapter, _peft_inner
 
 # %% auto #0
 __all__ = ['input_embeddings', 'norm_rounds', 'discover', 'find_adapter']
@@ -461,6 +461,7 @@ _FOUND = weakref.WeakKeyDictionary()     # base model -> discovered Family
 
 def find_adapter(model):  # a transformers model, described or not
     "The described family's adapter, else one discovered from the blocks."
+    model = _peft_inner(model)         # a PeftModel: the model inside
     try:
         return adapter(model)
     except TypeError as e:

@@ -13,7 +13,7 @@ from .core import resolve_dtype
 # %% auto #0
 __all__ = ['PATTERNS', 'FAMILIES', 'SUPPORTED', 'TINY_ARCHS', 'Family', 'tiny_model', 'Layer', 'Adapter', 'linear_weight',
            'supported', 'find_family', 'adapter', 'moe_first_delta', 'moe_last_deltas', 'moe_layout', 'moe_rounds',
-           'refuse_rounding']
+           'float32_routers', 'refuse_rounding']
 
 # %% ../nbs/11a_families.ipynb #c00511a
 class Family(NamedTuple):
@@ -312,8 +312,31 @@ def _get(root: nn.Module, path: str, where: str) -> nn.Module:
         m = getattr(m, part)
     return m
 
+_MERGE = ("merge the adapters into the weights with "
+          "model.merge_and_unload() and patch the merged model")
+
+def _is_linear(m: nn.Module) -> bool:
+    return isinstance(m, nn.Linear) or type(m).__name__ == 'Conv1D'
+
+def _base_layer(m: nn.Module) -> nn.Module:
+    "The linear map inside a PEFT adapter layer (m itself otherwise)."
+    return m.get_base_layer() if hasattr(m, 'get_base_layer') else m
+
 def _linear(m: nn.Module, where: str) -> nn.Module:
-    if isinstance(m, nn.Linear) or type(m).__name__ == 'Conv1D': return m
+    """A linear map, or a PEFT LoRA layer around one: its output W a +
+    Σ s B A a is one linear map of a, hooked whole (its variants refused)."""
+    if _is_linear(m): return m
+    if hasattr(m, 'lora_A') and _is_linear(_base_layer(m)):
+        if var := [a for a in m.active_adapters if m.lora_variant.get(a)
+                   or m.use_dora.get(a)]:
+            raise TypeError(f"{where}: the LoRA adapter {var[0]!r} is a "
+                            f"variant (DoRA, ...) the patch cannot read; "
+                            + _MERGE)
+        return m
+    if hasattr(m, 'base_layer'):
+        raise TypeError(f"{where}: a PEFT {type(m).__name__} layer that "
+                        f"is not plain LoRA, which the patch cannot read; "
+                        + _MERGE)
     raise TypeError(f"{where}: expected an nn.Linear or a transformers "
                     f"Conv1D, got {type(m).__name__}")
 
@@ -331,10 +354,12 @@ def _param(root: nn.Module, path: str, where: str,
                         f"release or subclass has a different block")
     return p
 
-def linear_weight(m: nn.Module  # an nn.Linear or a transformers Conv1D
+def linear_weight(m: nn.Module  # an nn.Linear, a transformers Conv1D (or
+                                # a PEFT LoRA layer: its base layer's)
                   ) -> torch.Tensor:
     "The matrix of a linear map as (out, in); `Conv1D` stores (in, out)."
-    return m.weight if isinstance(m, nn.Linear) else m.weight.T
+    b = _base_layer(m)
+    return b.weight if isinstance(b, nn.Linear) else b.weight.T
 
 # %% ../nbs/11a_families.ipynb #c01311a
 def supported() -> dict:
@@ -381,10 +406,27 @@ def _resolve_layer(b: nn.Module, fam: Family, l: int, cfg) -> Layer:
         _get(b, fam.post, w) if fam.post else None, None, fam)
 
 # %% ../nbs/11a_families.ipynb #c01311ab2
-def adapter(model,  # a transformers model, with or without its head
+def _peft_inner(model):
+    """The transformers model inside a PEFT `PeftModel` (its LoRA layers in
+    place), or `model` itself; TypeError for adapters it cannot read."""
+    if not any(c.__name__ == 'PeftModel' for c in type(model).__mro__):
+        return model
+    kind = lambda c: str(getattr(c.peft_type, 'value', c.peft_type))
+    bad = [f"{a!r} ({kind(c)}{', DoRA' if getattr(c, 'use_dora', 0) else ''})"
+           for a in model.active_adapters if (c := model.peft_config[a])
+           and (kind(c) != 'LORA' or getattr(c, 'use_dora', False))]
+    if bad:
+        raise TypeError(f"the PeftModel's active adapter {', '.join(bad)} is "
+                        "not plain LoRA, so the patch cannot read the maps it "
+                        "changes; " + _MERGE)
+    return model.get_base_model()
+
+def adapter(model,  # a transformers model, with or without its head, or a
+                    # PEFT PeftModel of one with LoRA adapters
             family: Optional[Family] = None  # None: by model_type
             ) -> Adapter:
     "The family description of `model` resolved on its modules."
+    model = _peft_inner(model)
     cfg = getattr(model, 'config', None)
     if cfg is None or not isinstance(model, nn.Module):
         raise TypeError(f"{type(model).__name__} is not a transformers "
@@ -440,49 +482,66 @@ def moe_layout(lay: Layer) -> tuple:
 
 
 # %% ../nbs/11a_families.ipynb #c01311ad
-_ROUNDS = weakref.WeakKeyDictionary()   # MoE module -> (dtype, name)
+_ROUNDS = weakref.WeakKeyDictionary()   # MoE module -> (dtype, names)
 
 class _Casts(TorchFunctionMode):
-    "Sees whether any op turns the parameters `ps` into float32 tensors."
+    "Sees which of the parameters `ps` ops turn into float32 tensors."
     def __init__(self, ps: dict):
-        super().__init__(); self.ps, self.hit = ps, None
+        super().__init__(); self.ps, self.hits = ps, []
     def __torch_function__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
         if isinstance(out, torch.Tensor) and out.dtype == torch.float32:
-            self.hit = self.hit or next((n for n, p in self.ps.items()
-                                         if any(a is p for a in args)), None)
+            self.hits += [n for n, p in self.ps.items() if n not in
+                          self.hits and any(a is p for a in args)]
         return out
 
-def moe_rounds(moe: nn.Module,    # a mixture-of-experts module
-               names: tuple,      # its first parameters' names
-               dtype: torch.dtype  # the model's dtype
-               ) -> Optional[str]:
-    "The first parameter a float64 MoE casts to float32 (its router), or None."
-    if dtype != torch.float64: return None
+def _rounding(moe: nn.Module, names: tuple, dtype: torch.dtype) -> tuple:
+    "Every first parameter a float64 MoE casts to float32, in call order."
+    if dtype != torch.float64: return ()
     if (hit := _ROUNDS.get(moe)) and hit[0] == dtype: return hit[1]
     ps = {n: p for n, p in moe.named_parameters() if n in names}
     g = torch.Generator(device='cpu').manual_seed(0)
     x = torch.randn(1, 3, ps[names[0]].shape[-1], generator=g, dtype=dtype)
     with torch.no_grad(), _Casts(ps) as mode:
         moe(x.to(ps[names[0]].device))
-    _ROUNDS[moe] = (dtype, mode.hit)
-    return mode.hit
+    _ROUNDS[moe] = (dtype, tuple(mode.hits))
+    return _ROUNDS[moe][1]
+
+def moe_rounds(moe: nn.Module,    # a mixture-of-experts module
+               names: tuple,      # its first parameters' names
+               dtype: torch.dtype  # the model's dtype
+               ) -> Optional[str]:
+    "The first parameter a float64 MoE casts to float32 (its router), or None."
+    hits = _rounding(moe, names, dtype)
+    return hits[0] if hits else None
 
 # %% ../nbs/11a_families.ipynb #c01311ae
+def _rounded(lay: Layer, dtype: torch.dtype) -> tuple:
+    "The first parameters (names inside the MoE) cast to float32."
+    if lay.moe is None: return ()
+    cut = len(lay.family.moe) + 1
+    return _rounding(lay.moe, tuple(p[cut:] for p in lay.family.first), dtype)
+
+def float32_routers(lay: Layer,         # one layer of an adapter
+                    dtype: torch.dtype  # the model's dtype
+                    ) -> tuple:
+    """Paths inside the layer's MoE module of the submodules (its routers)
+    that cast a first parameter to float32: run unpatched on a + ΔA."""
+    return tuple(dict.fromkeys(n.rpartition('.')[0]
+                               for n in _rounded(lay, dtype)))
+
 def refuse_rounding(ad  # the model's adapter
                     ) -> None:
-    "Refuse a float64 model whose MoE router computes in float32."
+    "Refuse a float64 MoE that casts a parameter of its own to float32."
     dt = next(p.dtype for p in ad.base.parameters() if p.is_floating_point())
     for l, lay in enumerate(ad.layers):
-        if lay.moe is None: continue
-        cut = len(lay.family.moe) + 1
-        if n := moe_rounds(lay.moe, tuple(p[cut:] for p in lay.family.first),
-                           dt):
+        if n := next((n for n in _rounded(lay, dt) if '.' not in n), None):
             raise ValueError(
                 f"layer {l} of the {ad.name}: its mixture of experts "
-                f"applies {n} in float32 even in this float64 model, so a "
-                "patched router is rounded to float32 and the routing "
-                "weights are off by float32 round-off (about 1e-7), which "
-                "no float64 self-check should pass as exact: use the "
-                "model in float32, where that is its own round-off")
+                f"applies {n} in float32 even in this float64 model, and "
+                "holds it itself rather than in a router submodule whose "
+                "input could be moved instead, so a patched weight would "
+                "be rounded to float32 (about 1e-7), which no float64 "
+                "self-check should pass as exact: use the model in "
+                "float32, where that is its own round-off")
 

@@ -6,12 +6,12 @@
 __all__ = ['RankOne', 'PATCH_MODES', 'Adapter', 'FAMILIES', 'SUPPORTED', 'TINY_ARCHS', 'adapter', 'supported', 'tiny_model',
            'INSTALL', 'WHEELS', 'cache_dir', 'load_pretrained', 'missing', 'weights_path', 'LayerPatch', 'ModelState',
            'HFPatch', 'check_model', 'check_ids', 'position_limit', 'check_length', 'check_mask', 'check_types',
-           'check_finite_run', 'head_reads_outside', 'drop_pooled', 'model_state', 'weights_changed', 'restored',
-           'refuse_stale', 'check_patch', 'check_call', 'check_owner', 'claim', 'check_mode', 'part_names',
-           'load_patches', 'write_weights', 'SELF_CHECK_TOL', 'output_tensor', 'accepts_kwarg', 'with_context_pass',
-           'context_patches', 'closed_loop_pass', 'refuse_mismatch', 'model_dtype', 'patched', 'moe_routing',
-           'patch_errors', 'generate_without_context', 'PARTS', 'prefix_patches', 'default_part', 'prefix_updates',
-           'token_updates', 'token_updates_loop']
+           'check_finite_run', 'head_reads_outside', 'refuse_pooled', 'pooled_reads', 'refuse_cache', 'model_state',
+           'weights_changed', 'restored', 'refuse_stale', 'check_patch', 'check_call', 'check_owner', 'claim',
+           'check_mode', 'part_names', 'load_patches', 'write_weights', 'SELF_CHECK_TOL', 'output_tensor',
+           'accepts_kwarg', 'with_context_pass', 'context_patches', 'closed_loop_pass', 'refuse_mismatch',
+           'model_dtype', 'patched', 'moe_routing', 'patch_errors', 'generate_without_context', 'PARTS',
+           'prefix_patches', 'default_part', 'prefix_updates', 'token_updates', 'token_updates_loop']
 
 # %% ../nbs/11g_hf.ipynb #c00211g
 from .blocks import RankOne
@@ -20,12 +20,12 @@ from .families import (Adapter, FAMILIES, SUPPORTED, TINY_ARCHS,
                                adapter, supported, tiny_model)
 from .weights import (INSTALL, WHEELS, cache_dir, load_pretrained,
                               missing, weights_path)
-from icl_book.hf_checks import (
+from .hf_checks import (
     LayerPatch, ModelState, HFPatch, check_model, check_ids, position_limit,
     check_length, check_mask, check_types, check_finite_run, head_reads_outside,
-    drop_pooled, model_state, weights_changed, restored, refuse_stale,
-    check_patch, check_call, check_owner, claim, check_mode, part_names,
-    load_patches)
+    refuse_pooled, pooled_reads, refuse_cache, model_state, weights_changed,
+    restored, refuse_stale, check_patch, check_call, check_owner, claim,
+    check_mode, part_names, load_patches)
 from .hf_patch import (
     SELF_CHECK_TOL, output_tensor, accepts_kwarg, with_context_pass,
     context_patches, closed_loop_pass, refuse_mismatch, model_dtype)
@@ -42,7 +42,9 @@ _all_ = [
     'load_pretrained', 'missing', 'weights_path', 'LayerPatch', 'ModelState',
     'HFPatch', 'check_model', 'check_ids', 'position_limit', 'check_length',
     'check_mask', 'check_types', 'check_finite_run', 'head_reads_outside',
-    'drop_pooled', 'model_state', 'weights_changed', 'restored',
+    'refuse_pooled', 'pooled_reads', 'refuse_cache', 'model_state',
+    'weights_changed',
+    'restored',
     'refuse_stale', 'check_patch', 'check_call', 'check_owner', 'claim',
     'check_mode', 'part_names', 'load_patches', 'write_weights', 'SELF_CHECK_TOL', 'output_tensor',
     'accepts_kwarg', 'with_context_pass', 'context_patches',

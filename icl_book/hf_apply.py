@@ -10,11 +10,12 @@ from torch import nn
 from .core import rel_err, check_int, check_float, hold_sigint, \
     release_sigint, sigint_critical
 from .blocks import RankOne
-from .families import Adapter, moe_layout, refuse_rounding
+from .families import Adapter, moe_layout, refuse_rounding, _base_layer
 from .patch import patched_weights
 from .discovery import norm_rounds
 from .hf_checks import (
-    HFPatch, check_model, check_patch, head_reads_outside, drop_pooled,
+    HFPatch, check_model, check_patch, head_reads_outside, refuse_pooled,
+    pooled_reads, refuse_cache,
     model_state, refuse_stale, restored, check_call, claim, check_owner,
     check_mode, weights_changed, check_ids, check_length)
 
@@ -58,7 +59,10 @@ def _apply_moe(self, l, a, y):
     p = self.P[l]; w = self.win.take(l, 'moe', a.shape[1])
     sl = lambda r: RankOne(r.u[:, w], r.v[:, w])
     out = _moe_run(self.ad, self.ad.layers[l], a, [sl(r) for r in p.dW],
-                   None if p.dW_out is None else sl(p.dW_out))
+                   None if p.dW_out is None else sl(p.dW_out),
+                   None if p.dA is None else p.dA[:, w],
+                   (a.shape[0], self.patches.start + self.patches.shape[1],
+                    self.patches.start + w.start))
     if p.db_out is None or self.ad.layers[l].post is not None: return out
     return (out.to(p.db_out.dtype) + p.db_out[:, w]).to(y.dtype)
 
@@ -125,6 +129,12 @@ def _writer(st: ExitStack, ad: Adapter, written: list):
 
 def _write_moe(write, lay, p) -> None:
     "A MoE layer: router and experts' parameters, 2-D or 3-D."
+    if p.dA is not None:
+        raise ValueError(
+            "this mixture of experts routes in float32 even in a float64 "
+            "model, so a router weight written in place would be rounded "
+            "to float32; use the default inplace=False (its router reads "
+            "the patched input instead, exact)")
     tf, tl = moe_layout(lay)
     for P, r, tr in zip(lay.first, p.dW, tf):
         write(P, _moe_first(P, r, 0, 0, tr), 'router or expert')
@@ -141,7 +151,7 @@ def _write_dense(write, ad: Adapter, lay, p) -> None:
     edits = list(zip(lay.first, p.dW))
     if p.dW_out is not None: edits.append((lay.last, p.dW_out))
     for m, r in edits:
-        r = flat(r)
+        r, m = flat(r), _base_layer(m)   # a LoRA layer: into its base weight
         if not isinstance(m, nn.Linear): r = RankOne(r.v, r.u)  # Conv1D
         write(m.weight, r.dense(), 'linear map')
     _write_rest(write, ad, lay, p)
@@ -184,13 +194,16 @@ def write_weights(st: ExitStack,       # restores the weights when closed
 
 # %% ../nbs/11ba_hf_apply.ipynb #c01214b
 def _call_hooks(st: ExitStack, ad: Adapter, ap: _Apply) -> None:
-    "The base model's hooks: the call check, the pooled output, the rotary."
+    "The base model's hooks: the call check, outputs reading the context (the cache, the pooled vector), the rotary."
     reg = lambda h, **kw: st.callback(h(**kw).remove)
     reg(ad.base.register_forward_pre_hook, hook=ap.check, with_kwargs=True)
     reg(ad.base.register_forward_hook, hook=lambda m, a, o: ap.seen.clear())
+    n = ap.patches.start                      # the cache first: a new output
+    reg(ad.base.register_forward_hook, hook=lambda m, a, o: refuse_cache(o, n))
     if getattr(ad.base, 'pooler', None) is not None:
+        why = pooled_reads(ap.model, ad)
         reg(ad.base.register_forward_hook,
-            hook=lambda m, a, o: drop_pooled(o))
+            hook=lambda m, a, o: refuse_pooled(o, why))
     mods = dict(ad.base.named_modules())
     for rec in (ap.patches.state.rotary if ap.patches.state else ()):
         reg(mods[rec[0]].register_forward_hook,

@@ -4,7 +4,7 @@
 
 # %% ../nbs/11ac_hf_checks.ipynb #hf_che002
 from __future__ import annotations
-import copy, difflib, hashlib, json, statistics, threading, warnings, weakref
+import copy, difflib, hashlib, inspect, json, statistics, threading, warnings, weakref
 from contextlib import ExitStack
 from dataclasses import dataclass, field, fields
 from typing import NamedTuple, Optional
@@ -17,9 +17,9 @@ from .discovery import find_adapter, input_embeddings
 
 # %% auto #0
 __all__ = ['LayerPatch', 'ModelState', 'HFPatch', 'part_names', 'check_model', 'check_ids', 'position_limit', 'check_length',
-           'check_mask', 'check_types', 'check_finite_run', 'head_reads_outside', 'drop_pooled', 'model_state',
-           'weights_changed', 'restored', 'refuse_stale', 'check_patch', 'check_call', 'check_owner', 'claim',
-           'check_mode', 'load_patches']
+           'check_mask', 'check_types', 'check_finite_run', 'head_reads_outside', 'refuse_pooled', 'refuse_cache',
+           'pooled_reads', 'model_state', 'weights_changed', 'restored', 'refuse_stale', 'check_patch', 'check_call',
+           'check_owner', 'claim', 'check_mode', 'load_patches']
 
 # %% ../nbs/11ac_hf_checks.ipynb #hf_che005
 class LayerPatch(NamedTuple):
@@ -28,11 +28,13 @@ class LayerPatch(NamedTuple):
     db_out: Optional[torch.Tensor]   # steering vector (B, q, d), or None
     dW_out: Optional[RankOne]        # on the last: u (B,q,d), v (B,q,H)
     ds_post: Optional[torch.Tensor] = None  # post-norm scale change (B,q,d)
+    dA: Optional[torch.Tensor] = None  # MoE with a float32 router: the
+                                       # change ΔA of its input (B,q,d)
 
     def numel(self) -> int:
         "Numbers stored per query position (the shared v counted once)."
         parts = [r.u for r in self.dW] + [self.dW[0].v if self.dW else None,
-                                          self.db_out, self.ds_post]
+                                          self.db_out, self.ds_post, self.dA]
         if self.dW_out is not None: parts += [self.dW_out.u, self.dW_out.v]
         return sum(p.shape[-1] for p in parts if p is not None)
 
@@ -402,14 +404,81 @@ def head_reads_outside(
             "query's; compute the patches on model.base_model and read its "
             "last_hidden_state at the query positions")
 
-def drop_pooled(
-        out,  # the base model's output (tuple or ModelOutput)
+class _Refused(ValueError, AttributeError):
+    "A ValueError that `hasattr` (a library probing an output) reads as False."
+
+class _ReadsContext:
+    "Stands, inside `patched`, for an output that reads a context position."
+    def __init__(self, why: str): object.__setattr__(self, 'why', why)
+    def refuse(self, *args, **kwargs): raise _Refused(self.why)
+    def __getattr__(self, name): self.refuse()
+    def __repr__(self): return f"<refused: {self.why}>"
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        next(a for a in (*args, *(kwargs or {}).values())
+             if isinstance(a, cls)).refuse()
+
+for _op in ('getitem', 'iter', 'len', 'bool', 'float', 'int', 'array',
+            'add', 'radd', 'sub', 'rsub', 'mul', 'rmul', 'matmul', 'rmatmul',
+            'truediv', 'rtruediv', 'neg', 'abs', 'pow'):
+    setattr(_ReadsContext, f'__{_op}__', _ReadsContext.refuse)
+
+_REFUSING = {}                  # output class -> its subclass that refuses
+
+def _refusing(cls):
+    "cls with a `pooler_output` attribute whose read raises the reason."
+    if cls not in _REFUSING:
+        _REFUSING[cls] = type(cls.__name__, (cls,), dict(
+            pooler_output=property(lambda o: o['pooler_output'].refuse())))
+    return _REFUSING[cls]
+
+def refuse_pooled(
+        out,       # the base model's output (tuple or ModelOutput)
+        why: str,  # what the pooled vector reads, and what to do instead
 ):
-    "The base model's output without the pooled position-0 vector."
+    "The base model's output with its pooled vector refused when read."
     if isinstance(out, tuple):
-        return out[:1] + (None,) + out[2:]
-    return type(out)(**{k: v for k, v in out.items()
-                        if k != 'pooler_output'})
+        return out[:1] + (_ReadsContext(why),) + out[2:]
+    new = type(out)(**{**out, 'pooler_output': _ReadsContext(why)})
+    new.__class__ = _refusing(type(out))
+    return new
+
+def _is_cache(v) -> bool:
+    return any(c.__name__ == 'Cache' for c in type(v).__mro__)
+
+def refuse_cache(
+        out,     # the base model's output (tuple or ModelOutput)
+        n: int,  # the context length the patches stand for
+):
+    "The base model's output with the KV cache it returns refused when read."
+    why = ("inside patched(...) the returned KV cache (past_key_values) "
+           f"holds the keys and values of the query alone, not those of the {n} context "
+           "positions before it, so a call continuing from them would "
+           "attend to the query only: use generate_without_context(model, "
+           "context_ids, query_ids, max_new_tokens), or run the model with "
+           "its context")
+    if isinstance(out, tuple):
+        return tuple(_ReadsContext(why) if _is_cache(v) else v for v in out)
+    if not any(_is_cache(v) for v in out.values()): return out
+    return type(out)(**{k: _ReadsContext(why) if _is_cache(v) else v
+                        for k, v in out.items()})
+
+def pooled_reads(
+        model,        # the model the patches belong to
+        ad: Adapter,  # its adapter (`check_model`)
+) -> str:
+    "Why the base model's pooled vector cannot be read inside `patched`."
+    pool = ad.base.pooler
+    try: src = inspect.getsource(type(pool).forward)
+    except (OSError, TypeError): src = ''
+    what = ("reads position 0 of the [context, query] run, the context's "
+            "first token," if '[:, 0]' in src else "pools positions of the "
+            "[context, query] run that include the context's,")
+    return (f"inside patched(...) the {type(ad.base).__name__}'s "
+            f"pooler_output ({type(pool).__name__}) {what} which the "
+            "query-alone run does not have, so it would be a wrong vector: "
+            "read last_hidden_state at the query positions, or run the "
+            "model with its context")
 
 # %% ../nbs/11ac_hf_checks.ipynb #hf_che016
 def _bits(p: torch.Tensor) -> torch.Tensor:
@@ -418,6 +487,13 @@ def _bits(p: torch.Tensor) -> torch.Tensor:
     return b[:k].view(torch.int64).sum() + b[k:].sum()
 
 _FREE = ('use_cache', 'output_hidden_states', 'return_dict', 'dtype')
+
+def _adapters(ad: Adapter) -> tuple:
+    """Per PEFT adapter layer: its active adapters, whether disabled
+    (`disable_adapter()`) and whether merged; () without PEFT."""
+    return tuple((n, tuple(m.active_adapters), bool(m.disable_adapters),
+                  bool(m.merged)) for n, m in ad.base.named_modules()
+                 if hasattr(m, 'disable_adapters') and hasattr(m, 'merged'))
 
 def model_state(
         ad: Adapter,  # the model's adapter (`check_model`)
@@ -433,6 +509,8 @@ def model_state(
     cfg = {k: v for k, v in ad.base.config.to_dict().items()
            if k not in _FREE}
     cfg['attn_implementation'] = ad.base.config._attn_implementation
+    if peft := _adapters(ad):
+        cfg['PEFT adapters (active, disabled, merged)'] = peft
     return ModelState({n: (p.data_ptr(), p._version) for n, p in ps}, rot,
                       {n: _bits(p) for n, p in ps} if bits else None, cfg)
 

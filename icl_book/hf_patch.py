@@ -5,7 +5,7 @@
 # %% ../nbs/11b_hf_patch.ipynb #c00211b
 from __future__ import annotations
 import inspect, weakref
-from contextlib import ExitStack
+from contextlib import ExitStack, contextmanager
 import torch
 from torch import nn
 from torch.func import functional_call
@@ -13,7 +13,8 @@ from .core import rel_err, check_float
 from .blocks import RankOne
 from .deep import PATCH_MODES
 from .families import (Adapter, FAMILIES, moe_first_delta,
-                               moe_last_deltas, moe_layout, refuse_rounding)
+                               moe_last_deltas, moe_layout, refuse_rounding,
+                               float32_routers)
 from .hf_checks import (
     LayerPatch, HFPatch, check_model, check_ids, check_length, check_mask,
     check_types, check_finite_run, model_state, part_names)
@@ -170,7 +171,7 @@ _moe_first, _moe_last = moe_first_delta, moe_last_deltas   # 11a's
 
 
 # %% ../nbs/11b_hf_patch.ipynb #c00918b
-SELF_CHECK_TOL = {torch.float64: 1e-9, torch.float32: 1e-3}  # per-layer self-check
+SELF_CHECK_TOL = {torch.float64: 1e-12, torch.float32: 1e-3}  # per-layer self-check
 
 def _wide(dtype) -> torch.dtype:
     "The dtype patches are computed in: the model's, at least float32."
@@ -183,36 +184,108 @@ def _moe_names(lay) -> tuple:
     return (tuple(p[cut:] for p in fam.first),
             tuple(p[cut:] for p in fam.last))
 
-def _moe_params(ad: Adapter, lay, dW, dW_out, b: int, t: int) -> dict:
-    "{name: patched parameter} for position (b, t), in the model's dtype."
+def _moe_params(ad: Adapter, lay, dW, dW_out, b: int, t: int,
+                keep: tuple = ()) -> dict:
+    """{name: patched parameter} for position (b, t), in the model's dtype;
+    those of the float32 routers `keep` stay as they are (`_moved`)."""
     (nf, nl), (tf, tl) = _moe_names(lay), moe_layout(lay)
     new = {n: (P.to(r.u.dtype) + _moe_first(P, r, b, t, tr)).to(P.dtype)
-           for n, P, r, tr in zip(nf, lay.first, dW, tf)}
+           for n, P, r, tr in zip(nf, lay.first, dW, tf)
+           if not any(n.startswith(k + '.') for k in keep)}
     if dW_out is not None:
         new.update({n: (P.to(dW_out.u.dtype) + D).to(P.dtype) for n, P, D in
                     zip(nl, lay.last, _moe_last(lay.last, dW_out, b, t, tl))})
     return new
 
-def _moe_run(ad: Adapter, lay, a: torch.Tensor, dW, dW_out=None):
+def _placed(x: torch.Tensor, where: tuple, k: str) -> torch.Tensor:
+    """x, one position's router input ((1, d) or (1, 1, d)), in a zero batch
+    of the with-context run's shape ((B N, d) or (B, N, d))."""
+    B, N, b, i = where
+    if x.dim() not in (2, 3):
+        raise ValueError(f"the float32 router {k!r} reads a {x.dim()}-D "
+                         "input; use the model in float32")
+    big = x.new_zeros(((B * N,) if x.dim() == 2 else (B, N))
+                      + (x.shape[-1],))
+    big.view(B, N, -1)[b, i] = x.reshape(-1)
+    return big
+
+def _picked(o, where: tuple, k: str):
+    "The router's outputs on the batch at (b, i): rows (1, ·) or (1, 1, ·)."
+    if isinstance(o, (tuple, list)):
+        return type(o)(_picked(e, where, k) for e in o)
+    if not isinstance(o, torch.Tensor): return o
+    B, N, b, i = where
+    if o.dim() >= 2 and o.shape[:2] == (B, N):
+        return o[b:b + 1, i:i + 1]
+    if o.dim() >= 1 and o.shape[0] == B * N:
+        return o[b * N + i:b * N + i + 1]
+    raise ValueError(f"the float32 router {k!r} returns a tensor of shape "
+                     f"{tuple(o.shape)}, not one row per position of its "
+                     f"batch ({B} x {N}); use the model in float32")
+
+@contextmanager
+def _moved(lay, keep: tuple, a: torch.Tensor, da, where):
+    """Inside, each float32 router of `keep` reads a + ΔA (one position's
+    (d,) vectors) where it would read a — its own weight applied to the
+    with-context input — in a batch of the with-context run's shape `where`
+    (B, N, b, i), so its float32 sums run as that run's do."""
+    def hook(m, args, kwargs, out, k):
+        if not args or not torch.equal(args[0].reshape(-1), a):
+            raise ValueError(
+                f"the router {k!r} of this mixture of experts computes in "
+                "float32 and reads something other than the module's "
+                "input, so moving its input cannot stand for its patch: "
+                "use the model in float32")
+        if where is None:
+            raise ValueError(
+                f"the router {k!r} computes in float32 even in float64 "
+                "models, and its float32 sums round as the with-context "
+                "run's only in that run's batch shape, which this run does "
+                "not know; use context_patches (one context at a time), or "
+                "the model in float32")
+        x = args[0]
+        big = _placed(x + da.to(x.dtype).reshape(x.shape), where, k)
+        return _picked(m.forward(big, *args[1:], **kwargs), where, k)
+    with ExitStack() as st:
+        for k in keep:
+            st.callback(lay.moe.get_submodule(k).register_forward_hook(
+                lambda m, a_, kw, o, k=k: hook(m, a_, kw, o, k),
+                with_kwargs=True).remove)
+        yield
+
+def _moe_run(ad: Adapter, lay, a: torch.Tensor, dW, dW_out=None, dA=None,
+             at=None):
     """The MoE module at every position of a (B, T, d), each position with its
     own patched weights (a functional call: the module's parameters are
-    replaced for that call only, nothing is written)."""
+    replaced for that call only, nothing is written); with dA (B, T, d) its
+    float32 routers read a + dA instead, unpatched, in the with-context
+    run's batch: `at` = (B, N, position of a's first)."""
     out = torch.empty_like(a)
+    keep = () if dA is None else float32_routers(lay, model_dtype(ad))
     for b in range(a.shape[0]):
         for t in range(a.shape[1]):
-            out[b, t] = output_tensor(functional_call(
-                lay.moe, _moe_params(ad, lay, dW, dW_out, b, t),
-                (a[b:b + 1, t:t + 1],))).reshape(-1)
+            with _moved(lay, keep, a[b, t], None if dA is None else dA[b, t],
+                        _where(at, b, t)):
+                out[b, t] = output_tensor(functional_call(
+                    lay.moe, _moe_params(ad, lay, dW, dW_out, b, t, keep),
+                    (a[b:b + 1, t:t + 1],))).reshape(-1)
     return out
 
+def _where(at, b: int, t: int):
+    "(B, N, b, i): position t of row b in the with-context batch, or None."
+    return None if at is None else (at[0], at[1], b, at[2] + t)
+
 # %% ../nbs/11b_hf_patch.ipynb #c00919b
-def _moe_gate(ad: Adapter, lay, a, dW, delta, b: int, t: int):
+def _moe_gate(ad: Adapter, lay, a, dW, delta, b: int, t: int, dA=None,
+              at=None):
     "ĝ at position (b, t): the gradient of <δ, y> w.r.t. the downs, over δ."
     _, nl = _moe_names(lay)
-    with torch.enable_grad():
+    keep = () if dA is None else float32_routers(lay, model_dtype(ad))
+    with torch.enable_grad(), _moved(lay, keep, a[b, t], None if dA is None
+                                     else dA[b, t], _where(at, b, t)):
         Ds = [P.detach().to(delta.dtype).requires_grad_(True)
               for P in lay.last]
-        params = _moe_params(ad, lay, dW, None, b, t)
+        params = _moe_params(ad, lay, dW, None, b, t, keep)
         params.update({n: D.to(P.dtype) for n, D, P in
                        zip(nl, Ds, lay.last)})
         y = output_tensor(functional_call(lay.moe, params,
@@ -224,15 +297,18 @@ def _moe_gate(ad: Adapter, lay, a, dW, delta, b: int, t: int):
                        ).sum(-1 if tr else -2).reshape(-1) / dd
                       for g, tr in zip(G, moe_layout(lay)[1])])
 
-def _moe_gates(ad: Adapter, lay, a: torch.Tensor, dW, delta) -> torch.Tensor:
+def _moe_gates(ad: Adapter, lay, a: torch.Tensor, dW, delta,
+               dA=None, at=None) -> torch.Tensor:
     """ĝ (B, T, ΣH) at every position: the gate-weighted activations that the
     down projections read, concatenated. y is linear in the down projections,
     so the gradient of <δ, y> with respect to D is δ ĝᵀ (for every D at
     once); ĝ = Dᵀ-contraction of it with δ / ||δ||²."""
     a, delta = a.clone(), delta.clone()      # not inference-mode tensors
     dW = [RankOne(r.u.clone(), r.v.clone()) for r in dW]
+    dA = None if dA is None else dA.clone()
     return torch.stack([torch.stack([
-        _moe_gate(ad, lay, a, dW, delta, b, t) for t in range(a.shape[1])])
+        _moe_gate(ad, lay, a, dW, delta, b, t, dA, at)
+        for t in range(a.shape[1])])
         for b in range(a.shape[0])])
 
 # %% ../nbs/11b_hf_patch.ipynb #c01011b
@@ -266,7 +342,7 @@ def context_patches(
                if accepts_kwarg(ad.base, 'position_ids') else None)
         qt = None if tt is None else tt[:, n:]
         layers, errs = closed_loop_pass(ad, ctx, query_ids, qmask, pos, mode,
-                                        min_norm, qt)
+                                        min_norm, qt, n)
     if check: refuse_mismatch(ad, errs)
     return HFPatch(tuple(layers), n, mode, ad.name, ad.family.name,
                    query_ids, pos, qmask, errs, weakref.ref(ad.base),
@@ -316,13 +392,16 @@ class _ClosedLoop:
     """The second pass's hook callbacks: at each layer, from what the query
     alone sees, the patch giving the with-context values `ctx`, applied."""
     def __init__(self, ad: Adapter, ctx: list, mode: str, min_norm=None,
-                 qmask=None):
+                 qmask=None, n=None, q=None):
         L = len(ad.layers)
+        self.n, self.q = n, q                # the with-context run: n + q
         self.ad, self.ctx, self.mode, self.min_norm = ad, ctx, mode, min_norm
         self.qmask = qmask                   # padded slots are not guarded
         self.win = _Win(L)
         self.dW = [[[] for _ in lay.first] for lay in ad.layers]
         self.rest = [[] for _ in range(L)]   # last-map / bias / scale parts
+        self.dA = [[] for _ in range(L)]     # MoE input change (float32
+                                             # routers read a + ΔA)
         self.free = [dict() for _ in range(L)]  # context-free x, b, h, δ
         self.outs = [[] for _ in range(L)]   # block outputs: the self-check
 
@@ -410,23 +489,30 @@ def _moe_first_factors(self, l, a):
                                P.to(wd), dA).flatten(2), v)  # u = P ΔA
           for P, tr in zip(lay.first, moe_layout(lay)[0])]
     for j, r in enumerate(rs): self.dW[l][j].append(r)
+    if float32_routers(lay, model_dtype(self.ad)): self.dA[l].append(dA)
+    self.at = (None if self.n is None else     # the with-context batch
+               (a.shape[0], self.n + self.q, self.n + w.start))
     return rs
 
 def _moe(self, l, a, y):                          # a: context-free LN2 h̃
     "The MoE module with its patched parameters, per position."
     lay, wd = self.ad.layers[l], _wide(a.dtype)
     rs = self.moe_first_factors(l, a)
+    dA = self.dA[l][-1] if self.dA[l] else None   # this window's, or None
     delta = self.residual(l, a.shape[1])
     if lay.post is not None:              # δ goes after the norm (_post)
-        self.free[l]['delta'] = delta; return _moe_run(self.ad, lay, a, rs)
+        self.free[l]['delta'] = delta
+        return _moe_run(self.ad, lay, a, rs, dA=dA, at=self.at)
     if self.mode == 'bias':
         self.rest[l].append(delta)
-        return (_moe_run(self.ad, lay, a, rs).to(wd) + delta).to(y.dtype)
-    gh = _moe_gates(self.ad, lay, a, rs, delta)
+        return (_moe_run(self.ad, lay, a, rs, dA=dA, at=self.at).to(wd)
+                + delta).to(y.dtype)
+    gh = _moe_gates(self.ad, lay, a, rs, delta, dA, self.at)
     g2 = _sq(gh, gh.dtype); ok = g2 > torch.finfo(g2.dtype).tiny
     self.guard(g2, ok, l, 'pg', _ZERO_GATE)
     r = RankOne(delta, _inv(gh, g2, ok))
-    self.rest[l].append(r); return _moe_run(self.ad, lay, a, rs, r)
+    self.rest[l].append(r)
+    return _moe_run(self.ad, lay, a, rs, r, dA, self.at)
 
 _ClosedLoop.moe_first_factors, _ClosedLoop.moe = _moe_first_factors, _moe
 
@@ -436,14 +522,16 @@ def _cat(ps: list) -> RankOne:
     return RankOne(torch.cat([p.u for p in ps], 1),
                    torch.cat([p.v for p in ps], 1))
 
-def _layer_patch(dW: list, rest: list, mode: str, post) -> LayerPatch:
+def _layer_patch(dW: list, rest: list, mode: str, post,
+                 dA: list = ()) -> LayerPatch:
     "One layer's LayerPatch from the loop's first factors and other parts."
     parts = _cat(rest) if isinstance(rest[0], RankOne) else torch.cat(rest, 1)
     rank1 = mode == 'rank1'
     return LayerPatch(tuple(_cat(p) for p in dW),
                       parts if mode == 'bias' else None,
                       parts if rank1 and post is None else None,
-                      parts if rank1 and post is not None else None)
+                      parts if rank1 and post is not None else None,
+                      torch.cat(dA, 1) if dA else None)
 
 def closed_loop_pass(
         ad: Adapter,     # the model's adapter (`check_model`)
@@ -454,14 +542,17 @@ def closed_loop_pass(
         mode: str,       # 'rank1' or 'bias'
         min_norm=None,   # refuse first-map inputs below this norm
         types=None,      # the query's token type ids, or None
+        n=None,          # context length (float32 routers need it)
 ) -> tuple:
     """Pass 2: the query alone (B, q) at positions `pos`, each layer patched
     to give its with-context values `ctx`; (layers, errors per layer)."""
-    loop = _ClosedLoop(ad, ctx, mode, min_norm, qmask)
+    loop = _ClosedLoop(ad, ctx, mode, min_norm, qmask, n,
+                       query_ids.shape[1])
     with torch.no_grad(), ExitStack() as st:    # the query alone
         _hooks(st, ad, query_ids.shape[0], **loop.hooks())
         _base_forward(ad, query_ids, qmask, pos, types)
-    layers = [_layer_patch(loop.dW[l], loop.rest[l], mode, lay.post)
+    layers = [_layer_patch(loop.dW[l], loop.rest[l], mode, lay.post,
+                           loop.dA[l])
               for l, lay in enumerate(ad.layers)]
     errs = tuple(_layer_err(torch.cat(o, 1), c['out'], qmask)
                  for o, c in zip(loop.outs, ctx))

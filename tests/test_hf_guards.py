@@ -52,19 +52,6 @@ def test_pooling_heads_are_refused_naming_position_0(arch, cls):
     assert hooks_left(m) == 0
 
 
-def test_bare_encoder_drops_the_pooled_vector_and_stays_exact():
-    torch.manual_seed(0)                               # BertModel + pooler
-    m = transformers.BertModel(tiny_model("bert").config).double().eval()
-    assert m.pooler is not None
-    C, x = ids(2, 6, 0), ids(2, 3, 1)
-    full = full_out(m, C, x)
-    p = context_patches(m, C, x)
-    with patched(m, p):
-        r = m(x)
-    assert r.pooler_output is None                     # not a wrong vector
-    assert rel_err(r.last_hidden_state, full) <= 1e-12
-
-
 def test_causal_classifier_reads_the_last_token_and_is_exact():
     cfg = tiny_model("llama").config
     torch.manual_seed(0)

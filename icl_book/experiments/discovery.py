@@ -86,8 +86,7 @@ def zoo_table(rows: list  # dicts with type, result (and pattern, why)
             pat.setdefault(r.get('pattern', '?'), []).append(r['type'])
     out = [f"Tiny random float64 models of {len(rows)} causal-LM and "
            f"masked-LM types: {n['exact']} exact (every layer <= 1e-12, "
-           f"the output <= 1e-10), {n['within the self-check']} within the "
-           f"self-check (every layer <= 1e-9), {n['refused']} refused with a "
+           f"the output <= 1e-10), {n['refused']} refused with a "
            f"reason, {n['transformers fails']} where transformers' own run "
            f"fails under the patch's calls, {n['not buildable']} that "
            f"transformers cannot build at tiny sizes (or composite ones), "
