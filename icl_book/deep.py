@@ -328,6 +328,12 @@ class DeepPatch:
         "The `updates` argument of the model's forward."
         return [p.kwargs() for p in self.layers]
 
+    def check(self, model,   # the model it is to be applied to
+              x=None,        # its query (B, q, .), or None: the model only
+             ) -> None:
+        "Refuse (ValueError) unless the patch was computed for `model` (and for the query x)."
+        _check_fit(self, model, x)
+
     def apply(self, model,                  # the model it was computed for
               x,                            # its query (B, q, .)
               return_hidden: bool = False): # also the stream per block

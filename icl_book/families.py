@@ -258,7 +258,14 @@ def tiny_model(arch: str = 'llama',  # a family of `TINY_ARCHS`
                vocab: int = 97,   # vocabulary size
                head: bool = True, # with its LM head; False: the base model
                **config):         # config fields that override the above
-    "A small random model of family `arch` (with its LM head), in eval."
+    """A small random model of family `arch` (with its LM head), in eval:
+    `layers` blocks of width `d`, random weights from `seed`.
+
+    >>> import icl_book as icl
+    >>> m = icl.tiny_model('llama', 'float64', seed=0, layers=2, d=16)
+    >>> type(m).__name__, m.config.num_hidden_layers
+    ('LlamaForCausalLM', 2)
+    """
     import transformers as tf
     if arch not in _TINY:
         raise ValueError(f"arch must be one of {TINY_ARCHS}, got {arch!r}")

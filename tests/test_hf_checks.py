@@ -13,8 +13,9 @@ transformers = pytest.importorskip("transformers", reason="the hf extra is "
                                    "not installed")
 
 from conftest import model_output as output, random_ids as ids  # noqa: E402
-from icl_book.hf import (adapter, context_patches, load_patches,  # noqa: E402
-                         part_names, patched, tiny_model)
+from icl_book.hf import context_patches, load_patches, patched, tiny_model  # noqa: E402
+from icl_book.families import adapter  # noqa: E402
+from icl_book.hf_checks import part_names  # noqa: E402
 
 
 def patched_out(m, P, x):
@@ -203,7 +204,8 @@ def test_one_spelling_per_property():
         assert P.positions.shape == P.shape == (2, 3)
     from icl_book.compress import Compressed
     from icl_book.deep import BlockPatch, DeepPatch
-    from icl_book.hf import HFPatch, LayerPatch
+    from icl_book.hf import HFPatch
+    from icl_book.hf_checks import LayerPatch
     from icl_book.thought import ThoughtPatch
     for cls in (HFPatch, LayerPatch, DeepPatch, BlockPatch, ThoughtPatch, Compressed):
         assert callable(getattr(cls, "numel")), cls     # a method, as on a tensor

@@ -193,3 +193,14 @@ def test_every_chapter_says_who_it_is_for():
         if stem != "index" and "**Who this chapter is for.**" not in head:
             missing.append(stem)
     assert not missing, f"chapters without a 'Who this chapter is for' opening: {missing}"
+
+
+def test_api_page_lists_every_public_top_level_and_hf_name():
+    "A public name of `import icl_book as icl` or of `icl_book.hf` that nbs/api.md does not list fails."
+    import icl_book
+    import icl_book.hf as hf
+    page = (ROOT / "nbs" / "api.md").read_text()
+    top = page.split("## The library")[0]
+    missing = [f"icl.{n}" for n in icl_book.__all__ if f"`icl.{n}`" not in top]
+    missing += [f"hf.{n}" for n in hf.__all__ if f"`{n}`" not in top.split("`icl_book.hf` serves")[-1]]
+    assert not missing, f"public names the API page does not list: {missing}; run python tools/api_page.py"

@@ -18,9 +18,9 @@ from hypothesis import given, settings, strategies as st  # noqa: E402
 from conftest import random_ids, snapshot  # noqa: E402
 from icl_book.blocks import RankOne  # noqa: E402
 from icl_book.core import rel_err  # noqa: E402
-from icl_book.hf import (context_patches, missing,  # noqa: E402
-                         patched, tiny_model, token_updates,
-                         token_updates_loop)
+from icl_book.hf import context_patches, patched, tiny_model, token_updates  # noqa: E402
+from icl_book.weights import missing  # noqa: E402
+from icl_book.lm_dynamics import token_updates_loop  # noqa: E402
 from icl_book.lm_dynamics import prefix_patches, prefix_updates  # noqa: E402
 from icl_book.experiments.lm_dynamics import (  # noqa: E402
     PROMPT_KINDS, bench_hf_trajectory, convergence_prompt)
