@@ -11,6 +11,7 @@ from .core import rel_err, check_int, hold_sigint, release_sigint, \
     sigint_critical
 from .blocks import RankOne
 from .families import Adapter, moe_layout
+from .families import moe_first_delta as _moe_first, moe_last_deltas as _moe_last
 from .patch import patched_weights
 from .discovery import norm_rounds
 from icl_book.hf_checks import (
@@ -18,8 +19,9 @@ from icl_book.hf_checks import (
     model_state, refuse_stale, restored, check_call, claim, check_owner,
     check_mode)
 from .hf_patch import (
-    context_patches, output_tensor, accepts_kwarg, _Win, _base_forward,
-    _hooks, _layer_err, _moe_run, _moe_first, _moe_last)
+    context_patches, output_tensor, accepts_kwarg, Window as _Win,
+    base_forward as _base_forward, layer_hooks as _hooks,
+    layer_error as _layer_err, moe_run as _moe_run)
 
 # %% auto #0
 __all__ = ['write_weights', 'patched', 'moe_routing', 'patch_errors', 'generate_without_context']

@@ -17,11 +17,12 @@ from .hf_patch import (accepts_kwarg, closed_loop_pass,
                                context_patches, model_dtype, output_tensor,
                                refuse_mismatch, with_context_pass)
 from .hf_apply import patched
-from .lm_pack import (_check_prefix_model, _chunk_size, _code_window,
-                              _packed_chunk)
+from .lm_pack import (check_prefix_model, chunk_size, code_window,
+                              packed_chunk)
 
 # %% auto #0
-__all__ = ['PLAIN64', 'PARTS', 'prefix_patches', 'default_part', 'prefix_updates', 'token_updates_loop', 'token_updates']
+__all__ = ['PLAIN64', 'PARTS', 'sample_prefixes', 'prefix_patches', 'patch_steps', 'default_part', 'part_factors',
+           'prefix_updates', 'token_updates_loop', 'token_updates']
 
 # %% ../nbs/11e_lm_dynamics.ipynb #c01012e
 @contextmanager
@@ -68,7 +69,7 @@ def _held(ctx: list, pos, layers, rows: list, fast: bool) -> list:
     return [([{k: v[rows] for k, v in c.items()} for c in ctx], pos[rows],
              kept)]
 
-def _sample(n: int, check, seed: int) -> Optional[list]:
+def sample_prefixes(n: int, check, seed: int) -> Optional[list]:
     "Prefix lengths the self-check runs on: 1, n and `check` random ones."
     if check == 'all': return None
     if isinstance(check, bool) or not isinstance(check, int) or check < 0:
@@ -184,12 +185,12 @@ def _setup(model, context_ids, query_ids, mode, chunk, check, seed,
     check_ids(ad, model, context_ids=context_ids, query_ids=query_ids)
     n, q = context_ids.shape[1], query_ids.shape[1]
     check_length(model, ad, n, q)
-    _check_prefix_model(ad, model, n, q, mode)
-    sample = _sample(n, check, seed)
-    if chunk is None: chunk = _chunk_size(ad, n, q)
+    check_prefix_model(ad, model, n, q, mode)
+    sample = sample_prefixes(n, check, seed)
+    if chunk is None: chunk = chunk_size(ad, n, q)
     if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
         raise ValueError(f"chunk must be a positive integer, got {chunk!r}")
-    if (win := _code_window(model)) is not None:   # cache + copies fit
+    if (win := code_window(model)) is not None:   # cache + copies fit
         chunk = min(chunk, max(1, (win - n) // q))
     return ad, n, q, sample, chunk
 
@@ -209,7 +210,7 @@ def _prefix_chunks(model, context_ids, query_ids, mode: str = 'rank1',
     with torch.no_grad():
         for lo in range(1, n + 1, chunk):         # the cache grows by chunks
             m, zc = min(chunk, n + 1 - lo), [[] for _ in ad.layers]
-            ctx, ids, pos = _packed_chunk(
+            ctx, ids, pos = packed_chunk(
                 ad, model, cache, key, context_ids, query_ids, lo, m,
                 (lambda st, r: _inputs(st, ad, zc, r)) if fast else None)
             zc = [[z[:m] for z in zs] for zs in zc]     # without the probe
@@ -267,7 +268,7 @@ def prefix_patches(
                    tuple(map(max, zip(*errs))), weakref.ref(ad.base))
 
 # %% ../nbs/11e_lm_dynamics.ipynb #c01811e
-def _steps(now: list, prev: list) -> torch.Tensor:
+def patch_steps(now: list, prev: list) -> torch.Tensor:
     "(m,): sqrt(sum_k ||P_k(i) - P_k(i-1)||²) per row; prev: the row before."
     sq = 0.
     for P, Q in zip(now, prev):
@@ -300,7 +301,7 @@ def default_part(
     own = tuple(map(_own_part, ad.layers))
     return own[0] if len(set(own)) == 1 else own
 
-def _factors(ad, l: int, p, part) -> list:
+def part_factors(ad, l: int, p, part) -> list:
     "The measured change at the query's last token, factors (m, ·)."
     if not isinstance(part, str): part = part[l]        # one per block
     last = lambda r: RankOne(r.u[:, -1], r.v[:, -1])
@@ -399,11 +400,11 @@ def prefix_updates(
                   for l, (a, b) in enumerate(zip(*layers))]
             out.append(torch.stack([s for s, _ in st], 1))
             prev = [p for _, p in st]; continue
-        last = [_factors(ad, l, p, part) for l, p in enumerate(layers)]
+        last = [part_factors(ad, l, p, part) for l, p in enumerate(layers)]
         if prev is None:                            # ΔW(empty) = 0
             prev = [[RankOne(torch.zeros_like(r.u[:1]), r.v[:1])
                      for r in ps] for ps in last]
-        out.append(torch.stack([_steps(ps, pp)
+        out.append(torch.stack([patch_steps(ps, pp)
                                 for ps, pp in zip(last, prev)], 1))
         prev = [[RankOne(r.u[-1:], r.v[-1:]) for r in ps] for ps in last]
     U = torch.cat(out)                               # (n, L)
@@ -424,11 +425,11 @@ def token_updates_loop(
     parts, prev, steps = _check_part(ad, part), None, []
     for i in range(1, context_ids.shape[1] + 1):
         p = context_patches(model, context_ids[:, :i], query_ids)
-        now = [_factors(ad, l, lp, parts) for l, lp in enumerate(p.layers)]
+        now = [part_factors(ad, l, lp, parts) for l, lp in enumerate(p.layers)]
         if prev is None:                           # ΔW(empty) = 0
             prev = [[RankOne(torch.zeros_like(r.u), r.v) for r in ps]
                     for ps in now]
-        steps.append(torch.cat([_steps(a, b) for a, b in zip(now, prev)]))
+        steps.append(torch.cat([patch_steps(a, b) for a, b in zip(now, prev)]))
         prev = now
     return torch.stack(steps)                          # (n, L)
 

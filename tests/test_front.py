@@ -15,6 +15,7 @@ from fastcore.docments import docments
 from icl_book.blocks import PreLNBlock, PreLNStack, StackConfig, make_block
 from icl_book.core import rel_err
 from icl_book.deep import LMConfig, TinyLM
+from icl_book.weights import missing
 
 VERBS = ["context_patches", "patched", "load_patches", "patch_errors",
          "generate_without_context", "token_updates", "supported"]
@@ -52,15 +53,20 @@ def test_at_most_15_top_level_names_each_resolving():
         icl.prefix_updates
 
 
-@pytest.mark.parametrize("name", [n for n in icl.__all__
-                                  if callable(getattr(icl, n))])
+# compress trains a patch (minutes): its chapter (11d_compress) runs it instead
+EXAMPLES = [n for n in icl.__all__ if callable(getattr(icl, n))
+            and n not in ("compress", "Compressed")]
+
+
+@pytest.mark.parametrize("name", EXAMPLES)
 def test_docstring_examples_run(name):
     "Every top-level callable's docstring holds an example, and it runs as written."
+    if name == "load_pretrained" and missing("smollm2"):
+        pytest.skip(missing("smollm2"))
     f = getattr(icl, name)
     tests = doctest.DocTestFinder(recurse=False).find(f, name, globs={})
     examples = sum(len(t.examples) for t in tests)
-    if name in VERBS or name in ("RankOne", "tiny_model", "load_pretrained"):
-        assert examples >= 2, f"{name}: no example in its docstring"
+    assert examples >= 2, f"{name}: no example in its docstring"
     runner = doctest.DocTestRunner(optionflags=doctest.ELLIPSIS)
     for t in tests: runner.run(t)
     assert runner.failures == 0, f"{name}: {runner.failures} example(s) failed"
