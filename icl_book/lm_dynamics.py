@@ -22,7 +22,7 @@ from .lm_pack import (check_prefix_model, chunk_size, code_window,
 
 # %% auto #0
 __all__ = ['PLAIN64', 'PARTS', 'sample_prefixes', 'prefix_patches', 'patch_steps', 'default_part', 'part_factors',
-           'prefix_updates', 'token_updates_loop', 'token_updates']
+           'token_updates']
 
 # %% ../nbs/11e_lm_dynamics.ipynb #c01012e
 @contextmanager
@@ -371,7 +371,7 @@ def _check_part(ad, part) -> tuple:
     return (part,) * len(own)
 
 # %% ../nbs/11e_lm_dynamics.ipynb #c01812f
-def prefix_updates(
+def _prefix_updates(
         model,  # a causal `transformers` model
         context_ids: torch.Tensor,  # one context (1, n)
         query_ids: torch.Tensor,  # its query (1, q)
@@ -411,7 +411,7 @@ def prefix_updates(
     return (U, tuple(map(max, zip(*errs)))) if return_errors else U
 
 # %% ../nbs/11e_lm_dynamics.ipynb #c04611e
-def token_updates_loop(
+def _token_updates_loop(
         model,                       # a causal `transformers` model
         context_ids: torch.Tensor,   # one context (1, n)
         query_ids: torch.Tensor,     # its query (1, q)
@@ -443,12 +443,24 @@ def token_updates(
         part=None,                   # 'first', 'last', 'post' (None: default)
         check=8,                     # random prefixes self-checked, or 'all'
         seed: int = 0,               # seeds the checked prefixes
-) -> torch.Tensor:
-    "(n, L): ||ΔW(c_1..i) - ΔW(c_1..i-1)||_F per context token and layer."
+        return_errors: bool = False, # also the self-check's errors (one-pass)
+):
+    """(n, L) float64: ||ΔW(c_1..i) - ΔW(c_1..i-1)||_F, how much the i-th
+    context token moves layer l's patch, measured at the query's last token
+    for the map that carries the context (`part`; by default each block's
+    first MLP matrices, the gate and up projections joined into one). The
+    one entry for this quantity: `method='one-pass'` reads every prefix from
+    one run (self-checked on `check` prefixes), `method='loop'` computes
+    `context_patches` once per prefix (the reference). With
+    `return_errors`: (U, the self-check's largest error per layer)."""
     if method == 'loop':                     # the same map, prefix by prefix
-        return token_updates_loop(model, context_ids, query_ids, part)
+        if return_errors:
+            raise ValueError("return_errors reads the one-pass method's "
+                             "self-check; method='loop' has none")
+        return _token_updates_loop(model, context_ids, query_ids, part)
     if method != 'one-pass':
         raise ValueError(f"method must be 'one-pass' or 'loop', got "
                          f"{method!r}")
-    return prefix_updates(model, context_ids, query_ids, chunk=chunk,
-                          part=part, check=check, seed=seed)
+    return _prefix_updates(model, context_ids, query_ids, chunk=chunk,
+                           part=part, check=check, seed=seed,
+                           return_errors=return_errors)

@@ -18,7 +18,7 @@ from ..blocks import RankOne
 from ..task_suite import load_task
 from ..hf_checks import check_length, check_model
 from ..hf_patch import context_patches
-from ..lm_dynamics import (default_part, prefix_updates, part_factors,
+from ..lm_dynamics import (default_part, token_updates, part_factors,
                                   sample_prefixes, patch_steps)
 from ..trajectories import tail_slope
 from ..weights import load_pretrained
@@ -165,11 +165,11 @@ def bench_hf_trajectory(
     V = model.get_input_embeddings().weight.shape[0]
     ids = torch.randint(0, V, (1, n + 1), generator=g)
     C, x = ids[:, :n], ids[:, n:]
-    runs = dict(one=lambda: prefix_updates(model, C, x, check=check,
+    runs = dict(one=lambda: token_updates(model, C, x, check=check,
                                            return_errors=True),
-                closed=lambda: prefix_updates(model, C, x, check='all'),
+                closed=lambda: token_updates(model, C, x, check='all'),
                 fwd=torch.no_grad()(lambda: model(ids)))
-    prefix_updates(model, C[:, :4], x); runs['fwd']()      # warm-up
+    token_updates(model, C[:, :4], x); runs['fwd']()      # warm-up
     load = os.getloadavg()[0]
     t, out, done = _side_by_side(runs, repeats, _loop_jobs(
         model, C, x, n, loop_prefixes))
