@@ -213,3 +213,25 @@ def test_hf_serves_at_most_12_names():
     assert len(hf.__all__) <= 12
     assert {"context_patches", "patched", "patch_errors", "token_updates",
             "generate_without_context", "load_patches"} <= set(hf.__all__)
+
+
+@pytest.mark.skipif(missing("smollm2") is not None, reason=str(missing("smollm2")))
+def test_load_pretrained_says_once_where_it_caches_and_accepts_half_precision(tmp_path):
+    "From a fresh cache: the conversion and the bytes written, then nothing more in that process."
+    code = ("import icl_book as icl, torch\n"
+            "m, _ = icl.load_pretrained('smollm2')\n"
+            "h, _ = icl.load_pretrained('smollm2', 'bfloat16')\n"
+            "assert next(h.parameters()).dtype == torch.bfloat16\n"
+            "assert next(m.parameters()).dtype == torch.float32\n")
+    env = {"PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin",
+           "ICL_BOOK_CACHE": str(tmp_path), "HOME": str(tmp_path)}
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert r.returncode == 0, r.stderr
+    said = [l for l in r.stderr.splitlines() if l.startswith("icl_book.load_pretrained:")]
+    assert len(said) == 2, r.stderr                       # converting ..., wrote ... MB
+    assert "4-bit" in said[0] and str(tmp_path) in said[0]
+    written = sum(f.stat().st_size for f in tmp_path.rglob("*") if f.is_file())
+    assert f"wrote {written / 1e6:.0f} MB" in said[1], (said, written)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    said = [l for l in r.stderr.splitlines() if l.startswith("icl_book.load_pretrained:")]
+    assert len(said) == 1 and "read from the cache" in said[0], r.stderr
