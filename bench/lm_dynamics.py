@@ -1,7 +1,7 @@
 """SmolLM2's implicit dynamics over long prompts: convergence and monitoring.
 
 `convergence`: token steps ||ΔW(c_1..i) - ΔW(c_1..i-1)||_F of every layer
-(icl_book.lm_dynamics.prefix_updates, one pass) for prompts of n = 1024 tokens
+(icl_book.lm_dynamics.token_updates, one pass) for prompts of n = 1024 tokens
 of four kinds (prose from README.md, few-shot country: capital lines, a
 repeated passage, random tokens), three prompts per kind; per layer the tail
 slope (second half, as chapter 08), a wider fit (from i = n/16), the first
@@ -35,7 +35,7 @@ from pathlib import Path
 
 import torch
 
-from icl_book.lm_dynamics import prefix_updates
+from icl_book.lm_dynamics import token_updates
 from icl_book.experiments.lm_dynamics import (PROMPT_KINDS, convergence_prompt,
                                               layer_summary, log_bins,
                                               readme_prose)
@@ -65,7 +65,7 @@ def convergence(model, tok, n: int, seeds: int) -> list:
         Us = []
         for s in range(seeds):
             ids = convergence_prompt(tok, kind, n, s, prose)
-            Us.append(prefix_updates(model, ids[:, :n], ids[:, n:]))
+            Us.append(token_updates(model, ids[:, :n], ids[:, n:]))
         U = torch.stack(Us)                                  # (S, n, L)
         centres, means = log_bins(U.median(0).values)         # (bins, L)
         for r in layer_summary(U):

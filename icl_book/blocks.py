@@ -211,7 +211,15 @@ def make_layer(kind: str,            # one of LAYER_KINDS
 
 # %% ../nbs/01_blocks.ipynb #c92eeba3
 class RankOne(NamedTuple):
-    "A rank-1 update u vᵀ kept as factors: u (..., H), v (..., d)."
+    """A rank-1 update u vᵀ kept as factors: u (..., H), v (..., d); the
+    patches of every model are made of them (`P.layers[l].dW`).
+
+    >>> import icl_book as icl, torch
+    >>> r = icl.RankOne(torch.tensor([1., 2.]), torch.tensor([3., 0., 1.]))
+    >>> r.dense()
+    tensor([[3., 0., 1.],
+            [6., 0., 2.]])
+    """
     u: torch.Tensor
     v: torch.Tensor
 

@@ -371,7 +371,7 @@ def weight_fingerprint(
     return 'blake2b:' + h.hexdigest()
 
 # %% ../nbs/00_core.ipynb #c0fp03
-def _save_record(path,          # the file to write
+def save_record(path,          # the file to write
                  tensors: dict,  # name -> tensor (None: skipped)
                  meta: dict,     # JSON-able description
                 ) -> None:
@@ -386,11 +386,11 @@ def _save_record(path,          # the file to write
     save_file(out, str(path), metadata={
         'icl_book': json.dumps(dict(meta, aliases=alias))})
 
-def _load_record(path,           # a file written by `_save_record`
+def load_record(path,           # a file written by `save_record`
                  fmt: str,       # the format it must have
                  device='cpu',   # where the tensors go
                 ) -> tuple:
-    "(tensors, meta) of a file written by `_save_record` in format `fmt`."
+    "(tensors, meta) of a file written by `save_record` in format `fmt`."
     from safetensors import safe_open
     from safetensors.torch import load_file
     with safe_open(str(path), 'pt') as f: head = f.metadata() or {}

@@ -12,7 +12,7 @@ from torch import nn
 from .core import (TOLERANCE, InPlace, check_int, check_not_held,
                            check_memory, check_same, held_by, rel_err,
                            resolve_dtype, seed_everything,
-                           weight_fingerprint, _save_record, _load_record)
+                           weight_fingerprint, save_record, load_record)
 from .blocks import (MLP, PreLNBlock, PreLNStack, RankOne, StackConfig,
                              broadcasts_to)
 from .patch import token_patch_factors
@@ -328,6 +328,12 @@ class DeepPatch:
         "The `updates` argument of the model's forward."
         return [p.kwargs() for p in self.layers]
 
+    def check(self, model,   # the model it is to be applied to
+              x=None,        # its query (B, q, .), or None: the model only
+             ) -> None:
+        "Refuse (ValueError) unless the patch was computed for `model` (and for the query x)."
+        _check_fit(self, model, x)
+
     def apply(self, model,                  # the model it was computed for
               x,                            # its query (B, q, .)
               return_hidden: bool = False): # also the stream per block
@@ -477,7 +483,7 @@ def _deep_save(P, path) -> None:
                           is not None else None,
                           dW_out=last if p.dW_out is not None else None))
     tensors['query'] = P.query
-    _save_record(path, tensors, dict(
+    save_record(path, tensors, dict(
         format=_DEEP_FORMAT, library=__version__, model_class=type(m).__name__,
         config=_cfg(m), fingerprint=weight_fingerprint(m), dtype=_dtype(m),
         start=P.start, mode=P.mode, shape=list(P.shape), parts=parts))
@@ -488,7 +494,7 @@ def load_patches(path,    # a file written by `DeepPatch.save`
     "The saved patch, bit for bit, bound to `model` (refused for other weights)."
     _model_blocks(model)
     dev = next(model.parameters()).device
-    t, meta = _load_record(path, _DEEP_FORMAT, dev)
+    t, meta = load_record(path, _DEEP_FORMAT, dev)
     cls = type(model).__name__
     if meta['model_class'] != cls:
         raise ValueError(f"{path} holds patches of a {meta['model_class']}, "

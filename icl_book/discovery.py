@@ -10,10 +10,10 @@ from typing import Optional
 import torch
 from torch import nn
 from torch.func import functional_call
-from .families import Family, adapter, _peft_inner
+from .families import Family, adapter, peft_inner
 
 # %% auto #0
-__all__ = ['input_embeddings', 'norm_rounds', 'discover', 'find_adapter']
+__all__ = ['input_embeddings', 'norm_rounds', 'probe_ids', 'discover', 'find_adapter']
 
 # %% ../nbs/11ab_discovery.ipynb #discov005
 def _blocks(base: nn.Module, L: int) -> tuple:
@@ -379,7 +379,7 @@ def _blocks_of(model) -> tuple:
         raise TypeError(f"{name}: its config gives no num_hidden_layers")
     try: return (base, *_blocks(base, L))
     except TypeError:
-        if (sh := _shared(base, L, _probe_ids(model))) is None: raise
+        if (sh := _shared(base, L, probe_ids(model))) is None: raise
     raise TypeError(
         f"{name}: one layer ({sh}) runs at all {L} depths with the same "
         "weights (shared across depths, as ALBERT does), so a patch of its "
@@ -401,7 +401,7 @@ def _shared(base: nn.Module, L: int, ids) -> Optional[str]:
     runs = [p for p, k in n.items() if k >= L > 1]
     return min(runs, key=len, default=None)
 
-def _probe_ids(model) -> torch.Tensor:
+def probe_ids(model) -> torch.Tensor:
     "Six token ids (2..7 modulo the vocabulary), on the embedding's device."
     emb = input_embeddings(model)
     V = emb.weight.shape[0]
@@ -444,7 +444,7 @@ def discover(model  # a transformers model (with or without its head)
     "A Family record read off the model's blocks; TypeError with the reason."
     cfg = model.config
     base, path, blocks = _blocks_of(model)
-    ids = _probe_ids(model)
+    ids = probe_ids(model)
     R = _record(base, blocks, ids)
     found = _one_structure(type(model).__name__, blocks, R, cfg,
                            _split(base, path, len(blocks)))
@@ -461,7 +461,7 @@ _FOUND = weakref.WeakKeyDictionary()     # base model -> discovered Family
 
 def find_adapter(model):  # a transformers model, described or not
     "The described family's adapter, else one discovered from the blocks."
-    model = _peft_inner(model)         # a PeftModel: the model inside
+    model = peft_inner(model)         # a PeftModel: the model inside
     try:
         return adapter(model)
     except TypeError as e:

@@ -11,9 +11,9 @@ from torch.overrides import TorchFunctionMode
 from .core import resolve_dtype
 
 # %% auto #0
-__all__ = ['PATTERNS', 'FAMILIES', 'SUPPORTED', 'TINY_ARCHS', 'Family', 'tiny_model', 'Layer', 'Adapter', 'linear_weight',
-           'supported', 'find_family', 'adapter', 'moe_first_delta', 'moe_last_deltas', 'moe_layout', 'moe_rounds',
-           'float32_routers', 'refuse_rounding']
+__all__ = ['PATTERNS', 'FAMILIES', 'SUPPORTED', 'TINY_ARCHS', 'Family', 'tiny_model', 'Layer', 'Adapter', 'base_layer',
+           'linear_weight', 'supported', 'find_family', 'peft_inner', 'adapter', 'moe_first_delta', 'moe_last_deltas',
+           'moe_layout', 'moe_rounds', 'float32_routers', 'refuse_rounding']
 
 # %% ../nbs/11a_families.ipynb #c00511a
 class Family(NamedTuple):
@@ -258,7 +258,14 @@ def tiny_model(arch: str = 'llama',  # a family of `TINY_ARCHS`
                vocab: int = 97,   # vocabulary size
                head: bool = True, # with its LM head; False: the base model
                **config):         # config fields that override the above
-    "A small random model of family `arch` (with its LM head), in eval."
+    """A small random model of family `arch` (with its LM head), in eval:
+    `layers` blocks of width `d`, random weights from `seed`.
+
+    >>> import icl_book as icl
+    >>> m = icl.tiny_model('llama', 'float64', seed=0, layers=2, d=16)
+    >>> type(m).__name__, m.config.num_hidden_layers
+    ('LlamaForCausalLM', 2)
+    """
     import transformers as tf
     if arch not in _TINY:
         raise ValueError(f"arch must be one of {TINY_ARCHS}, got {arch!r}")
@@ -318,7 +325,7 @@ _MERGE = ("merge the adapters into the weights with "
 def _is_linear(m: nn.Module) -> bool:
     return isinstance(m, nn.Linear) or type(m).__name__ == 'Conv1D'
 
-def _base_layer(m: nn.Module) -> nn.Module:
+def base_layer(m: nn.Module) -> nn.Module:
     "The linear map inside a PEFT adapter layer (m itself otherwise)."
     return m.get_base_layer() if hasattr(m, 'get_base_layer') else m
 
@@ -326,7 +333,7 @@ def _linear(m: nn.Module, where: str) -> nn.Module:
     """A linear map, or a PEFT LoRA layer around one: its output W a +
     Σ s B A a is one linear map of a, hooked whole (its variants refused)."""
     if _is_linear(m): return m
-    if hasattr(m, 'lora_A') and _is_linear(_base_layer(m)):
+    if hasattr(m, 'lora_A') and _is_linear(base_layer(m)):
         if var := [a for a in m.active_adapters if m.lora_variant.get(a)
                    or m.use_dora.get(a)]:
             raise TypeError(f"{where}: the LoRA adapter {var[0]!r} is a "
@@ -358,7 +365,7 @@ def linear_weight(m: nn.Module  # an nn.Linear, a transformers Conv1D (or
                                 # a PEFT LoRA layer: its base layer's)
                   ) -> torch.Tensor:
     "The matrix of a linear map as (out, in); `Conv1D` stores (in, out)."
-    b = _base_layer(m)
+    b = base_layer(m)
     return b.weight if isinstance(b, nn.Linear) else b.weight.T
 
 # %% ../nbs/11a_families.ipynb #c01311a
@@ -406,7 +413,7 @@ def _resolve_layer(b: nn.Module, fam: Family, l: int, cfg) -> Layer:
         _get(b, fam.post, w) if fam.post else None, None, fam)
 
 # %% ../nbs/11a_families.ipynb #c01311ab2
-def _peft_inner(model):
+def peft_inner(model):
     """The transformers model inside a PEFT `PeftModel` (its LoRA layers in
     place), or `model` itself; TypeError for adapters it cannot read."""
     if not any(c.__name__ == 'PeftModel' for c in type(model).__mro__):
@@ -426,7 +433,7 @@ def adapter(model,  # a transformers model, with or without its head, or a
             family: Optional[Family] = None  # None: by model_type
             ) -> Adapter:
     "The family description of `model` resolved on its modules."
-    model = _peft_inner(model)
+    model = peft_inner(model)
     cfg = getattr(model, 'config', None)
     if cfg is None or not isinstance(model, nn.Module):
         raise TypeError(f"{type(model).__name__} is not a transformers "

@@ -10,7 +10,8 @@ from torch import nn
 from .core import rel_err, check_int, check_float, hold_sigint, \
     release_sigint, sigint_critical
 from .blocks import RankOne
-from .families import Adapter, moe_layout, refuse_rounding, _base_layer
+from .families import Adapter, moe_layout, refuse_rounding, base_layer
+from .families import moe_first_delta as _moe_first, moe_last_deltas as _moe_last
 from .patch import patched_weights
 from .discovery import norm_rounds
 from .hf_checks import (
@@ -20,8 +21,9 @@ from .hf_checks import (
     check_mode, weights_changed, check_ids, check_length)
 
 from .hf_patch import (
-    context_patches, output_tensor, accepts_kwarg, _Win, _base_forward,
-    _hooks, _layer_err, _moe_run, _moe_first, _moe_last, _ClosedLoop,
+    context_patches, output_tensor, accepts_kwarg, Window as _Win,
+    base_forward as _base_forward, layer_hooks as _hooks,
+    layer_error as _layer_err, moe_run as _moe_run, ClosedLoop as _ClosedLoop,
     refuse_mismatch, SELF_CHECK_TOL)
 
 # %% auto #0
@@ -151,7 +153,7 @@ def _write_dense(write, ad: Adapter, lay, p) -> None:
     edits = list(zip(lay.first, p.dW))
     if p.dW_out is not None: edits.append((lay.last, p.dW_out))
     for m, r in edits:
-        r, m = flat(r), _base_layer(m)   # a LoRA layer: into its base weight
+        r, m = flat(r), base_layer(m)   # a LoRA layer: into its base weight
         if not isinstance(m, nn.Linear): r = RankOne(r.v, r.u)  # Conv1D
         write(m.weight, r.dense(), 'linear map')
     _write_rest(write, ad, lay, p)

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field, fields
 from typing import NamedTuple, Optional
 import torch
 from torch import nn
-from .core import weight_fingerprint, _save_record, _load_record
+from .core import weight_fingerprint, save_record, load_record
 from .blocks import RankOne
 from .families import Adapter, adapter
 from .discovery import find_adapter, input_embeddings
@@ -743,7 +743,7 @@ def _hf_save(P, path) -> None:
     for k in ('query_ids', 'positions', 'query_mask', 'query_types'):
         tensors[k] = getattr(P, k)
     cfg, h = _config_record(ad)
-    _save_record(path, tensors, dict(
+    save_record(path, tensors, dict(
         format=_HF_FORMAT, library=__version__, torch=torch.__version__,
         transformers=transformers.__version__, model_class=P.arch,
         family=P.family, n_layers=len(P), config=cfg, config_hash=h,
@@ -761,7 +761,7 @@ def load_patches(
     ad = check_model(model)
     dev = next((p.device for p in ad.base.parameters()
                 if p.device.type != 'meta'), torch.device('cpu'))
-    t, meta = _load_record(path, _HF_FORMAT, dev)
+    t, meta = load_record(path, _HF_FORMAT, dev)
     if (meta['model_class'], meta['n_layers']) != (ad.name, len(ad.layers)):
         raise ValueError(
             f"{path} holds patches of a {meta['model_class']} with "

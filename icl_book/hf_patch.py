@@ -590,3 +590,8 @@ def _layer_err(out, ref, qmask) -> float:
         keep = qmask.bool()
         out, ref = out[keep], ref[keep]
     return rel_err(out, ref)
+
+# %% ../nbs/11b_hf_patch.ipynb #c37a11b2
+layer_hooks, Window, base_forward = _hooks, _Win, _base_forward
+moe_run, layer_error = _moe_run, _layer_err
+ClosedLoop = _ClosedLoop

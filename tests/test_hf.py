@@ -22,9 +22,9 @@ from hypothesis import given, settings, strategies as st  # noqa: E402
 from icl_book.core import rel_err  # noqa: E402
 from conftest import model_output as output, random_ids as ids, snapshot  # noqa: E402
 from icl_book.hf import (SUPPORTED, HFPatch, context_patches,  # noqa: E402
-                         generate_without_context, load_pretrained, missing,
-                         patch_errors, patched, tiny_model, token_updates,
-                         weights_path)
+                         generate_without_context, load_pretrained,
+                         patch_errors, patched, tiny_model, token_updates)
+from icl_book.weights import missing, weights_path  # noqa: E402
 from icl_book.lm_thought import (compression_metrics,  # noqa: E402
                                  fit_thought_patch, pad_batch, teacher_forced)
 from icl_book.experiments.hf_patch import bench_hf  # noqa: E402

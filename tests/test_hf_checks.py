@@ -18,8 +18,9 @@ transformers = pytest.importorskip("transformers", reason="the hf extra is "
 
 from conftest import model_output as output, random_ids as ids  # noqa: E402
 from icl_book.core import rel_err  # noqa: E402
-from icl_book.hf import (adapter, context_patches, load_patches,  # noqa: E402
-                         part_names, patched, tiny_model)
+from icl_book.hf import context_patches, load_patches, patched, tiny_model  # noqa: E402
+from icl_book.families import adapter  # noqa: E402
+from icl_book.hf_checks import part_names  # noqa: E402
 
 
 def patched_out(m, P, x):
@@ -208,7 +209,8 @@ def test_one_spelling_per_property():
         assert P.positions.shape == P.shape == (2, 3)
     from icl_book.compress import Compressed
     from icl_book.deep import BlockPatch, DeepPatch
-    from icl_book.hf import HFPatch, LayerPatch
+    from icl_book.hf import HFPatch
+    from icl_book.hf_checks import LayerPatch
     from icl_book.thought import ThoughtPatch
     for cls in (HFPatch, LayerPatch, DeepPatch, BlockPatch, ThoughtPatch, Compressed):
         assert callable(getattr(cls, "numel")), cls     # a method, as on a tensor
@@ -232,7 +234,7 @@ def test_pickle_refused_deepcopy_kept():
 
 
 def test_prefix_patches_are_named_like_context_patches(tmp_path):
-    from icl_book.hf import prefix_patches
+    from icl_book.lm_dynamics import prefix_patches
     m = tiny_model("llama", "float64", seed=0)
     C, x = ids(1, 5, 0), ids(1, 2, 1)
     P = prefix_patches(m, C, x)

@@ -16,8 +16,9 @@ pytest.importorskip("transformers", reason="the hf extra is not installed: "
 from icl_book.core import rel_err  # noqa: E402
 from icl_book.families import FAMILIES, TINY_ARCHS, adapter, tiny_model  # noqa: E402
 from conftest import model_output as out, random_ids as ids, snapshot  # noqa: E402
-from icl_book.hf import (check_model, context_patches, moe_routing,  # noqa: E402
-                         patch_errors, patched)
+from icl_book.hf import context_patches, patch_errors, patched  # noqa: E402
+from icl_book.hf_checks import check_model  # noqa: E402
+from icl_book.hf_apply import moe_routing  # noqa: E402
 
 TOL = {"float64": 1e-12, "float32": 1e-5}
 

@@ -28,6 +28,7 @@ def offenders(r: dict) -> dict:
         "every notebook named after its module(s)":
             r["misnamed_notebooks"] + [f"{m} (no notebook)" for m in r["modules_without_notebook"]],
         "no test imports a private name": r["private_test_imports"],
+        "no private name imported across modules": r["private_cross_imports"],
         "no plot_/bench_/reproduce_ in library modules": r["experiment_code_in_library"],
     }
 
@@ -84,6 +85,8 @@ BREAKS = {
     "no function-level import of a later module": {
         "icl_book/core.py": "def f(x):\n    from .blocks import g\n    return x\n"},
     "no module __getattr__": {"icl_book/blocks.py": "def __getattr__(name): return 1\n"},
+    "no private name imported across modules": {
+        "icl_book/blocks.py": "from .core import _f\n\ndef g(x): return _f(x)\n"},
     "every notebook named after its module(s)": {
         "nbs/01_contextual_blocks.ipynb": notebook("#| default_exp blocks")},
     "no test imports a private name": {
@@ -99,6 +102,7 @@ EXPECTED = {   # what each message names
     "no module __getattr__": "blocks",
     "every notebook named after its module(s)": "01_contextual_blocks -> blocks",
     "no test imports a private name": "test_core.py:2 core._hidden",
+    "no private name imported across modules": "blocks:1 core._f",
     "no plot_/bench_/reproduce_ in library modules": "core.bench_f",
 }
 
@@ -129,6 +133,16 @@ def test_rule_fails_on_a_house_that_breaks_it(tmp_path, rule):
     with pytest.raises(AssertionError) as e:
         assert_rule(r, rule)
     assert EXPECTED[rule] in str(e.value), str(e.value)
+
+
+def test_only_the_package_init_may_have_a_module_getattr(tmp_path):
+    "The top level's lazy names are allowed; a subpackage's __init__ forwarding is not."
+    fake_house(tmp_path, CLEAN)
+    r = fake_house(tmp_path, {"icl_book/__init__.py": "def __getattr__(name): return 1\n"})
+    assert_rule(r, "no module __getattr__")
+    r = fake_house(tmp_path, {"icl_book/experiments/__init__.py": "def __getattr__(name): return 1\n"})
+    with pytest.raises(AssertionError, match="experiments"):
+        assert_rule(r, "no module __getattr__")
 
 
 def test_sizes_are_a_report_not_a_rule(tmp_path):
@@ -193,3 +207,14 @@ def test_every_chapter_says_who_it_is_for():
         if stem != "index" and "**Who this chapter is for.**" not in head:
             missing.append(stem)
     assert not missing, f"chapters without a 'Who this chapter is for' opening: {missing}"
+
+
+def test_api_page_lists_every_public_top_level_and_hf_name():
+    "A public name of `import icl_book as icl` or of `icl_book.hf` that nbs/api.md does not list fails."
+    import icl_book
+    import icl_book.hf as hf
+    page = (ROOT / "nbs" / "api.md").read_text()
+    top = page.split("## The library")[0]
+    missing = [f"icl.{n}" for n in icl_book.__all__ if f"`icl.{n}`" not in top]
+    missing += [f"hf.{n}" for n in hf.__all__ if f"`{n}`" not in top.split("`icl_book.hf` serves")[-1]]
+    assert not missing, f"public names the API page does not list: {missing}; run python tools/api_page.py"

@@ -18,10 +18,9 @@ from hypothesis import given, settings, strategies as st  # noqa: E402
 from conftest import random_ids, snapshot  # noqa: E402
 from icl_book.blocks import RankOne  # noqa: E402
 from icl_book.core import rel_err  # noqa: E402
-from icl_book.hf import (context_patches, missing,  # noqa: E402
-                         patched, tiny_model, token_updates,
-                         token_updates_loop)
-from icl_book.lm_dynamics import prefix_patches, prefix_updates  # noqa: E402
+from icl_book.hf import context_patches, patched, tiny_model, token_updates  # noqa: E402
+from icl_book.weights import missing  # noqa: E402
+from icl_book.lm_dynamics import prefix_patches  # noqa: E402
 from icl_book.experiments.lm_dynamics import (  # noqa: E402
     PROMPT_KINDS, bench_hf_trajectory, convergence_prompt)
 
@@ -63,9 +62,9 @@ def test_prefix_patches_equal_the_loop_float64(arch, q):
 def test_token_updates_equal_the_loop_float64(arch):
     m = tiny_model(arch, "float64", seed=5, layers=2)
     C, x = random_ids(1, 13, 3, low=2), random_ids(1, 2, 4, low=2)
-    U0 = token_updates_loop(m, C, x, part="first")
+    U0 = token_updates(m, C, x, part="first", method='loop')
     for chunk in (None, 1, 5):
-        U1 = prefix_updates(m, C, x, chunk=chunk, part="first")
+        U1 = token_updates(m, C, x, chunk=chunk, part="first")
         assert U1.shape == U0.shape == (13, 2) and U1.dtype == torch.float64
         for l in range(2):
             if U0[:, l].norm() > 1e-12:
@@ -77,7 +76,7 @@ def test_token_updates_equal_the_loop_float64(arch):
     if arch != "gpt_neox":          # the default measure: first matrices
         assert torch.equal(token_updates(m, C, x, method="loop"), U0)
         assert torch.equal(token_updates(m, C, x),
-                           prefix_updates(m, C, x, part="first"))
+                           token_updates(m, C, x, part="first"))
     else:                           # the loop gives the default measure too
         assert rel_err(token_updates(m, C, x, method="loop"),
                        token_updates(m, C, x)) < 1e-10
@@ -126,8 +125,8 @@ def test_bad_inputs_are_refused():
         (lambda: prefix_patches(tiny_model("bloom"), C, x), "position_ids"),
         (lambda: prefix_patches(m, C, x, check=True), "check must be"),
         (lambda: prefix_patches(m, C, x, check=-1), "check must be"),
-        (lambda: prefix_updates(m, C, x, part="post"), "part='first'"),
-        (lambda: prefix_updates(m, C.expand(3, 6), x), "one sequence"),
+        (lambda: token_updates(m, C, x, part="post"), "part='first'"),
+        (lambda: token_updates(m, C.expand(3, 6), x), "one sequence"),
         (lambda: token_updates(m, C, x, method="fast"), "method"),
         (lambda: bench_hf_trajectory(n=0, model=m), "positive integer"),
         (lambda: bench_hf_trajectory(n=4, loop_prefixes=1, model=m), ">= 2"),
@@ -160,7 +159,7 @@ def test_smollm2_one_pass_equals_loop_float32(smollm2):
     ids = random_ids(1, 17, 11, vocab=model.config.vocab_size)
     before = {k: v.clone() for k, v in list(model.state_dict().items())[:6]}
     U1 = token_updates(model, ids[:, :16], ids[:, 16:], chunk=6)
-    U0 = token_updates_loop(model, ids[:, :16], ids[:, 16:])
+    U0 = token_updates(model, ids[:, :16], ids[:, 16:], method='loop')
     assert max(rel_err(U1[:, l], U0[:, l]) for l in range(30)) < 1e-5
     after = model.state_dict()
     assert all(torch.equal(v, after[k]) for k, v in before.items())
@@ -209,11 +208,11 @@ def test_token_steps_follow_a_weight_written_in_place():
     "The kept factor of WᵀW is rebuilt when a first map's weight changes."
     m = tiny_model("llama", "float64", seed=3)
     C, x = random_ids(1, 8, 0, low=2), random_ids(1, 1, 1, low=2)
-    before = prefix_updates(m, C, x)                 # keeps the factors
+    before = token_updates(m, C, x)                 # keeps the factors
     with torch.no_grad():
         m.model.layers[0].mlp.up_proj.weight.mul_(1.5)
-    after = prefix_updates(m, C, x)
-    assert rel_err(after, token_updates_loop(m, C, x)) < 1e-10
+    after = token_updates(m, C, x)
+    assert rel_err(after, token_updates(m, C, x, method='loop')) < 1e-10
     assert rel_err(after[:, 0], before[:, 0]) > 1e-3  # the step moved
 
 
@@ -235,21 +234,21 @@ def test_a_model_ignoring_the_mask_or_positions_is_refused(key):
     prefixes has no probe and is checked by a plain run of [c_1, x]."""
     m = tiny_model("llama", "float64", seed=4)
     C, x = random_ids(1, 9, 5, low=2), random_ids(1, 2, 6, low=2)
-    U = prefix_updates(m, C, x)
+    U = token_updates(m, C, x)
     handle = m.model.register_forward_pre_hook(_drop(key), with_kwargs=True)
     try:
         for kw in (dict(check=0), dict(check="all"), dict(chunk=3),
                    dict(chunk=2), dict(chunk=2, check="all")):
             with pytest.raises(ValueError, match="plain run of the first"):
-                prefix_updates(m, C, x, **kw)
+                token_updates(m, C, x, **kw)
         with pytest.raises(ValueError, match="plain run of the first"):
             prefix_patches(m, C, x)
         # one copy per chunk sees the whole cache, at the cache's length:
         # neither the mask nor the positions matter, and none is refused
-        assert rel_err(prefix_updates(m, C, x, chunk=1), U) < 1e-10
+        assert rel_err(token_updates(m, C, x, chunk=1), U) < 1e-10
     finally:
         handle.remove()
-    assert torch.equal(prefix_updates(m, C, x), U)
+    assert torch.equal(token_updates(m, C, x), U)
 
 
 def test_the_sampled_check_compares_the_open_loop_with_the_closed_loop():
@@ -273,10 +272,10 @@ def test_the_sampled_check_compares_the_open_loop_with_the_closed_loop():
     try:
         for check in (0, 8):
             with pytest.raises(ValueError, match="self-check failed"):
-                prefix_updates(m, C, x, check=check)          # fast path
+                token_updates(m, C, x, check=check)          # fast path
             with pytest.raises(ValueError, match="self-check failed"):
                 prefix_patches(m, C, x, check=check)
-        U, errs = prefix_updates(m, C, x, check="all", return_errors=True)
+        U, errs = token_updates(m, C, x, check="all", return_errors=True)
         assert max(errs) < 1e-10
     finally:
         handle.remove()

@@ -32,8 +32,7 @@ from icl_book.blocks import RankOne  # noqa: E402
 from icl_book.core import rel_err  # noqa: E402
 from icl_book.families import adapter, tiny_model  # noqa: E402
 from icl_book.hf import context_patches, token_updates  # noqa: E402
-from icl_book.lm_dynamics import (default_part, prefix_patches,  # noqa: E402
-                                  prefix_updates)
+from icl_book.lm_dynamics import default_part, prefix_patches  # noqa: E402
 
 # transformers >= 5.25: Falcon's eager attention is the shared one (float32 softmax)
 SHARED_EAGER = tuple(int(p) for p in version("transformers").split(".")[:2]) >= (5, 25)
@@ -129,19 +128,18 @@ def test_token_steps_equal_the_loop_and_are_not_trivial(case):
     part = default_part(adapter(m))
     U0 = loop_steps(m, C, x, part)
     for chunk in (None, 3):
-        U1, errs = prefix_updates(m, C, x, chunk=chunk, return_errors=True)
+        U1, errs = token_updates(m, C, x, chunk=chunk, return_errors=True)
         assert U1.shape == U0.shape == (10, 3)
         assert rel_err(U1, U0) < 1e-10, (name, chunk)
         assert max(errs) < 1e-10
     assert (U0.amin(0) > 1e-6).all(), (name, U0.amin(0))   # every layer
-    assert torch.equal(token_updates(m, C, x), prefix_updates(m, C, x))
 
 
 def test_every_check_gives_the_same_steps(case):
     name, m, C, x = case
-    U = prefix_updates(m, C, x)
+    U = token_updates(m, C, x)
     for check in ("all", 0, 3):
-        assert rel_err(prefix_updates(m, C, x, check=check, seed=2), U) \
+        assert rel_err(token_updates(m, C, x, check=check, seed=2), U) \
             < 1e-12, (name, check)
 
 
@@ -154,12 +152,12 @@ def test_falcon_alibi_under_transformers_eager_attention():
                    attn_implementation="eager")
     C, x = random_ids(1, 10, 0, low=2), random_ids(1, 2, 1, low=2)
     if not SHARED_EAGER:
-        assert rel_err(prefix_updates(m, C, x),
+        assert rel_err(token_updates(m, C, x),
                        loop_steps(m, C, x, default_part(adapter(m)))) < 1e-10
         return
     with pytest.raises(ValueError, match=r"rounds some values to float32.*"
                        r"method='loop'"):
-        prefix_updates(m, C, x)
+        token_updates(m, C, x)
     assert max(context_patches(m, C, x).errors) < 1e-9    # its self-check
 
 
@@ -167,23 +165,23 @@ def test_parallel_and_post_norm_measure_what_carries_the_context():
     C, x = random_ids(1, 8, 2, low=2), random_ids(1, 1, 3, low=2)
     m = tiny_model("gpt_neox", "float64", seed=2)
     assert default_part(adapter(m)) == "last"
-    first = prefix_updates(m, C, x, part="first")
+    first = token_updates(m, C, x, part="first")
     assert first.max() < 1e-12             # the MLP reads the block's input
-    assert prefix_updates(m, C, x).min() > 1e-6
+    assert token_updates(m, C, x).min() > 1e-6
     g = tiny_model("olmo2", "float64", seed=2)
     assert default_part(adapter(g)) == "post"
-    assert prefix_updates(g, C, x, part="first").min() > 1e-6
+    assert token_updates(g, C, x, part="first").min() > 1e-6
     with pytest.raises(ValueError, match="part='post'"):
-        prefix_updates(g, C, x, part="last")
+        token_updates(g, C, x, part="last")
     with pytest.raises(ValueError, match="part must be"):
-        prefix_updates(m, C, x, part="middle")
+        token_updates(m, C, x, part="middle")
 
 
 def test_the_sampled_check_refuses_a_stream_the_open_loop_misses():
     "Something between blocks that the open loop does not see is refused."
     m = tiny_model("llama", "float64", seed=4)
     C, x = random_ids(1, 9, 5, low=2), random_ids(1, 1, 6, low=2)
-    U = prefix_updates(m, C, x)
+    U = token_updates(m, C, x)
 
     def nudge(mod, a, o):             # only in batched runs of the copies
         h = o[0] if isinstance(o, tuple) else o
@@ -196,10 +194,10 @@ def test_the_sampled_check_refuses_a_stream_the_open_loop_misses():
     try:
         for check in (0, 8, "all"):
             with pytest.raises(ValueError, match="self-check failed"):
-                prefix_updates(m, C, x, check=check)
+                token_updates(m, C, x, check=check)
     finally:
         handle.remove()
-    assert torch.equal(prefix_updates(m, C, x), U)
+    assert torch.equal(token_updates(m, C, x), U)
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen3", "gemma", "opt", "gpt_neo",
@@ -219,7 +217,7 @@ def test_one_token_query_skips_the_score_maps_and_equals_the_loop(arch):
                 (o.shape[0], o.abs().max().item())))
     U0 = loop_steps(m, C, x, "first")        # (GPT-Neo's window: 8 tokens)
     seen.clear()
-    U1, errs = prefix_updates(m, C, x, part="first", check=0,
+    U1, errs = token_updates(m, C, x, part="first", check=0,
                               return_errors=True)    # checks 2 prefixes
     assert rel_err(U1, U0) < 1e-10 and U0.min() > 1e-6, arch
     assert max(errs) < 1e-10

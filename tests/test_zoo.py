@@ -22,7 +22,8 @@ from icl_book.discovery import find_adapter  # noqa: E402
 from icl_book.experiments.discovery import (zoo_model, zoo_table,  # noqa: E402
                                             zoo_types)
 from icl_book.families import supported  # noqa: E402
-from icl_book.hf import SELF_CHECK_TOL, patch_errors  # noqa: E402
+from icl_book.hf import patch_errors  # noqa: E402
+from icl_book.hf_patch import SELF_CHECK_TOL  # noqa: E402
 
 pytestmark = pytest.mark.zoo
 # composite (vision, audio) configurations build towers we never patch

@@ -92,7 +92,17 @@ def measure(root: Path = ROOT) -> dict:
         if not state.get(u): dfs(u, [])
     experiment_code = [f"{m}.{d}" for m, p in mods.items() if not m.startswith("experiments.")
                        for d in re.findall(r"^def ((?:plot|bench|reproduce)_\w+)", p.read_text(), re.M)]
-    getattr_fwd = [m for m, p in mods.items() if re.search(r"^def __getattr__", p.read_text(), re.M)]
+    # the package's own __init__ may serve its top level lazily; no other module forwards
+    inits = {module_of(p, PKG): p for p in PKG.rglob("__init__.py") if p.parent != PKG}
+    getattr_fwd = [m for m, p in {**mods, **inits}.items()
+                   if re.search(r"^def __getattr__", p.read_text(), re.M)]
+    private_cross = []   # `from .other import _name`: a helper another module keeps private
+    for m, p in sorted(mods.items()):
+        for node in ast.walk(ast.parse(p.read_text())):
+            if isinstance(node, ast.ImportFrom) and (node.level or (node.module or "").startswith(PACKAGE)):
+                for a in node.names:
+                    if a.name.startswith("_") and not a.name.startswith("__"):
+                        private_cross.append(f"{m}:{node.lineno} {node.module or ''}.{a.name}")
     misnamed = []
     for stem, _, _, ts in nbs:
         name = re.sub(r"^\d+[a-z]*_", "", stem)
@@ -126,6 +136,7 @@ def measure(root: Path = ROOT) -> dict:
                 function_level_forward_imports=inner_forward,
                 getattr_forwarding=getattr_fwd, experiment_code_in_library=experiment_code, misnamed_notebooks=misnamed,
                 modules_over_500=big, cells_over_40=long_cells, private_test_imports=private,
+                private_cross_imports=private_cross,
                 library_lines=sum(len(p.read_text().splitlines()) for p in mods.values()))
 
 

@@ -18,8 +18,8 @@ from ..blocks import RankOne
 from ..task_suite import load_task
 from ..hf_checks import check_length, check_model
 from ..hf_patch import context_patches
-from ..lm_dynamics import (default_part, prefix_updates, _factors,
-                                  _sample, _steps)
+from ..lm_dynamics import (default_part, token_updates, part_factors,
+                                  sample_prefixes, patch_steps)
 from ..trajectories import tail_slope
 from ..weights import load_pretrained
 
@@ -68,11 +68,11 @@ def _loop_step(model, C, x, i: int, part: str, prev=None) -> tuple:
     p = context_patches(model, C[:, :i], x)
     dt, dc = time.perf_counter() - t0, time.process_time() - c0
     ad = check_model(model)
-    now = [_factors(ad, l, lp, part) for l, lp in enumerate(p.layers)]
+    now = [part_factors(ad, l, lp, part) for l, lp in enumerate(p.layers)]
     if prev is None:
         prev = [[RankOne(torch.zeros_like(r.u), r.v) for r in ps]
                 for ps in now]
-    step = torch.stack([_steps(a, b)[0] for a, b in zip(now, prev)])
+    step = torch.stack([patch_steps(a, b)[0] for a, b in zip(now, prev)])
     return step, now, (i, dt, dc)
 
 def _loop_jobs(model, C, x, n: int, k: int) -> list:
@@ -165,18 +165,18 @@ def bench_hf_trajectory(
     V = model.get_input_embeddings().weight.shape[0]
     ids = torch.randint(0, V, (1, n + 1), generator=g)
     C, x = ids[:, :n], ids[:, n:]
-    runs = dict(one=lambda: prefix_updates(model, C, x, check=check,
+    runs = dict(one=lambda: token_updates(model, C, x, check=check,
                                            return_errors=True),
-                closed=lambda: prefix_updates(model, C, x, check='all'),
+                closed=lambda: token_updates(model, C, x, check='all'),
                 fwd=torch.no_grad()(lambda: model(ids)))
-    prefix_updates(model, C[:, :4], x); runs['fwd']()      # warm-up
+    token_updates(model, C[:, :4], x); runs['fwd']()      # warm-up
     load = os.getloadavg()[0]
     t, out, done = _side_by_side(runs, repeats, _loop_jobs(
         model, C, x, n, loop_prefixes))
     (U, errs), U_all = out['one'], out['closed']
     return dict(model=name, n=n, query=1, repeats=repeats,
                 threads=torch.get_num_threads(),
-                check_prefixes=len(_sample(n, check, seed)),
+                check_prefixes=len(sample_prefixes(n, check, seed)),
                 **_bench_row(t, done, U, n),
                 check_max_err=float(f"{max(errs):.2e}"),
                 open_vs_closed=float(f"{rel_err(U, U_all):.2e}"),
