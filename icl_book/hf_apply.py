@@ -12,6 +12,7 @@ from .core import rel_err, check_int, hold_sigint, release_sigint, \
 from .blocks import RankOne
 from .families import Adapter, moe_layout
 from .patch import patched_weights
+from .wrappers import unwrap
 from .discovery import norm_rounds
 from icl_book.hf_checks import (
     HFPatch, check_model, check_patch, head_reads_outside, drop_pooled,
@@ -206,6 +207,7 @@ def patched(model,             # the model the patches were computed for
             inplace: bool = False,  # write into the weights (one token)
            ):
     "Inside, model(query) sees the context; positions and mask filled in."
+    wrapper, model = model, unwrap(model)  # nnsight / TransformerLens: inside
     ad = check_model(model)
     check_patch(ad, patches)
     why = head_reads_outside(model, ad, patches.query_ids)
@@ -224,7 +226,7 @@ def patched(model,             # the model the patches were computed for
         ap.expect.append(patches.state if patches.state and not inplace
                          else model_state(ad, bits=True))   # byte sums
         opened = True; release_sigint()        # a held-back Ctrl-C: here
-        yield model
+        yield wrapper
     finally:
         if opened: hold_sigint()
         try:
@@ -308,6 +310,7 @@ def patch_errors(model,             # a described `transformers` model
                  attention_mask=None,  # mask of [context, query], or None
                 ) -> dict:
     "Relative errors of the patched query-only run, per layer and output: `deep.patch_errors` for transformers models."
+    model = unwrap(model)                 # nnsight / TransformerLens: inside
     p = context_patches(model, context_ids, query_ids, mode,
                         attention_mask=attention_mask)
     ad, n = check_model(model), p.start
