@@ -17,7 +17,7 @@ from .hf_patch import (accepts_kwarg, closed_loop_pass,
                                context_patches, model_dtype, output_tensor,
                                refuse_mismatch, with_context_pass)
 from .hf_apply import patched
-from .wrappers import unwrap
+from .wrappers import unwrap, unbridged
 from .lm_pack import (_check_prefix_model, _chunk_size, _code_window,
                               _packed_chunk)
 
@@ -446,7 +446,10 @@ def token_updates(
         seed: int = 0,               # seeds the checked prefixes
 ) -> torch.Tensor:
     "(n, L): ||ΔW(c_1..i) - ΔW(c_1..i-1)||_F per context token and layer."
-    model = unwrap(model)                 # nnsight / TransformerLens: inside
+    if unwrap(model) is not model:        # nnsight / TransformerLens: inside
+        with unbridged(model) as inner:
+            return token_updates(inner, context_ids, query_ids, method,
+                                 chunk, part, check, seed)
     if method == 'loop':                     # the same map, prefix by prefix
         return token_updates_loop(model, context_ids, query_ids, part)
     if method != 'one-pass':

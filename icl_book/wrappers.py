@@ -4,10 +4,13 @@
 
 # %% ../nbs/11aa_wrappers.ipynb #wrap002
 from __future__ import annotations
+from contextlib import ExitStack, contextmanager
+import torch
 from torch import nn
+from .families import adapter
 
 # %% auto #0
-__all__ = ['unwrap']
+__all__ = ['unwrap', 'unbridged']
 
 # %% ../nbs/11aa_wrappers.ipynb #wrap003
 def _from(model, package: str, name: str = None) -> bool:
@@ -19,7 +22,7 @@ def _from(model, package: str, name: str = None) -> bool:
 # %% ../nbs/11aa_wrappers.ipynb #wrap005
 def unwrap(model,  # a transformers model, an nnsight LanguageModel, or a TransformerBridge
            ) -> nn.Module:
-    "The `transformers` model that `model` holds: `model` itself when it is one; TypeError naming the supported route for a wrapper whose modules icl_book cannot trust."
+    "The `transformers` model that `model` holds (`model` itself when it is one); TypeError naming the supported route for a wrapper that holds none."
     if _from(model, 'nnsight'):
         inner = getattr(model, '_module', None)     # the wrapped model itself
         if not isinstance(inner, nn.Module) or not hasattr(inner, 'config'):
@@ -28,26 +31,118 @@ def unwrap(model,  # a transformers model, an nnsight LanguageModel, or a Transf
                 f"transformers model (found {type(inner).__name__}); icl_book "
                 f"reads the transformers model nnsight wraps: build it as "
                 f"LanguageModel(hf_model, tokenizer=...)")
-        if getattr(model, 'dispatched', True) is False or any(
-                p.is_meta for p in inner.parameters()) and not hasattr(
-                inner, 'hf_device_map'):
+        if getattr(model, 'dispatched', True) is False:
             raise TypeError(
                 f"{type(model).__name__} (nnsight) holds its weights on the "
                 f"'meta' device (not dispatched): there are no weights to "
                 f"patch; call model.dispatch() first, or build it with "
                 f"dispatch=True")
         return inner
+    if _from(model, 'transformer_lens', 'TransformerBridge'):
+        inner = getattr(model, 'original_model', None)
+        if not isinstance(inner, nn.Module) or not hasattr(inner, 'config'):
+            raise TypeError(
+                f"this TransformerBridge holds a {type(inner).__name__}, not a "
+                f"transformers model (a native bridge, boot_native): icl_book "
+                f"reads the blocks of transformers models only. Supported "
+                f"route: TransformerBridge.boot_transformers(name, "
+                f"hf_model=hf_model) around a transformers model")
+        return inner
     if _from(model, 'transformer_lens'):
         raise TypeError(
-            f"{type(model).__name__} (TransformerLens) is refused: booting a "
-            f"bridge replaces the transformers model's modules by "
-            f"TransformerLens components (a LinearBridge around each "
-            f"nn.Linear), and enable_compatibility_mode() folds LayerNorm "
-            f"into the weights and centres the unembedding, so the bridge's "
-            f"weights are not the ones the family record describes and a "
-            f"patch written through them is not known to be exact. Supported "
-            f"route: load the transformers model without the bridge "
-            f"(AutoModelForCausalLM.from_pretrained(name)), or hold it in "
-            f"nnsight's LanguageModel, then use context_patches(hf_model, "
-            f"context_ids, query_ids) and patched(hf_model, P)")
+            f"{type(model).__name__} (TransformerLens) is not a "
+            f"TransformerBridge around a transformers model. Supported "
+            f"route: TransformerBridge.boot_transformers(name, "
+            f"hf_model=hf_model), or the transformers model itself")
     return model
+
+# %% ../nbs/11aa_wrappers.ipynb #wrap051
+def _bridged(m: nn.Module) -> bool:
+    "Is `m` a TransformerLens component standing in for a transformers module?"
+    return _from(m, 'transformer_lens') and isinstance(
+        m._modules.get('_original_component'), nn.Module)
+
+def _swap_originals(root: nn.Module) -> list:
+    "Put each component's original module back in its parent; the undo list."
+    swaps, todo = [], [root]
+    while todo:
+        parent = todo.pop()
+        for k, child in list(parent._modules.items()):
+            while child is not None and _bridged(child):
+                swaps.append((parent, k, child))
+                child = child._modules['_original_component']
+                parent._modules[k] = child
+            if child is not None: todo.append(child)
+    return swaps
+
+def _undo(swaps: list) -> None:
+    for parent, k, child in reversed(swaps): parent._modules[k] = child
+
+def _logits(r): return r.logits if hasattr(r, 'logits') else r
+
+def _hooked(hf: nn.Module) -> dict:
+    "{name: module} the patches hook: the base, each block, its MLP maps, its post norm."
+    try: ad = adapter(hf)
+    except TypeError as e:
+        raise TypeError(
+            f"a TransformerBridge around a {type(hf).__name__} is refused: "
+            f"only a described family can be checked to run the modules the "
+            f"patches hook ({e}). Supported route: the transformers model "
+            f"itself") from None
+    mods = [ad.base]
+    for lay in ad.layers:
+        last = lay.last if isinstance(lay.last, tuple) else (lay.last,)
+        mods += [lay.block, lay.post, lay.moe] + (
+            [] if lay.moe is not None else [*lay.first, *last])
+    names = {id(m): n for n, m in hf.named_modules()}
+    return {names.get(id(m), type(m).__name__): m for m in mods if m is not None}
+
+def _probe(bridge, hf: nn.Module, swaps: list) -> None:
+    "Refuse a bridge whose run differs from its transformers model's, or skips a module the patches hook."
+    V = hf.config.get_text_config().vocab_size
+    ids = (torch.arange(8) * 7 % V)[None].to(hf.device)
+    hooked, called = _hooked(hf), set()
+    with torch.no_grad(), ExitStack() as st:
+        for n, m in hooked.items():
+            st.callback(m.register_forward_hook(
+                lambda m, a, o, n=n: called.add(n)).remove)
+        _undo(swaps); b = _logits(bridge(ids))             # the bridge's run
+        swaps[:] = _swap_originals(hf)
+    with torch.no_grad(): h = _logits(hf(ids, use_cache=False))
+    skipped = [n for n in hooked if n not in called]
+    if skipped:
+        raise TypeError(
+            f"this TransformerBridge does not call {len(skipped)} of the "
+            f"transformers modules the patches hook ({', '.join(skipped[:3])}"
+            f"{', ...' if len(skipped) > 3 else ''}): it computes them from "
+            f"its own processed weights (enable_compatibility_mode() does "
+            f"this), so a patch would not reach its run. Supported route: a "
+            f"bridge booted without compatibility mode, or the transformers "
+            f"model itself")
+    dt, err = h.dtype, ((b - h).norm() / h.norm()).item()
+    tol = 1e-12 if dt == torch.float64 else 1e-5
+    if not err <= tol:
+        raise TypeError(
+            f"this TransformerBridge does not compute what its transformers "
+            f"model ({type(hf).__name__}) computes: its logits differ by "
+            f"{err:.1e} (relative, {dt}) on a probe, above {tol:.0e}, so "
+            f"patches exact for the transformers model would not be exact "
+            f"for the bridge's run (enable_compatibility_mode() folds "
+            f"LayerNorm into the weights and centres the unembedding; some "
+            f"bridges compute a part their own way). Supported route: the "
+            f"transformers model itself, or a bridge booted without "
+            f"compatibility mode whose run matches it")
+
+# %% ../nbs/11aa_wrappers.ipynb #wrap052
+@contextmanager
+def unbridged(model,  # any model `unwrap` accepts
+             ):
+    "Yields `unwrap(model)`; for a TransformerBridge, with the transformers modules back in their places until the block ends (after checking on a probe that the bridge's run equals them)."
+    hf = unwrap(model)
+    if hf is model or not _from(model, 'transformer_lens'):
+        yield hf; return
+    swaps = _swap_originals(hf)
+    try:
+        _probe(model, hf, swaps)
+        yield hf
+    finally: _undo(swaps)
