@@ -127,6 +127,21 @@ def test_bridge_patch_errors():
     assert e['unpatched'] > 1e-3
 
 
+def test_bridge_token_updates():
+    """boot_transformers switches the model to eager attention (Llama's
+    softmax then runs in float32): the loop matches an eager twin bit for bit,
+    and the one-pass method refuses, as it does on the twin."""
+    br, _ = bridge("llama", "float64")
+    twin = tiny_model("llama", "float64", seed=0)
+    twin.set_attn_implementation("eager")
+    C, x = ids(1, 6, 4), ids(1, 2, 5)
+    assert torch.equal(token_updates(br, C, x, method="loop"),
+                       token_updates(twin, C, x, method="loop"))
+    for m in (br, twin):
+        with pytest.raises(ValueError, match="use method='loop'"):
+            token_updates(m, C, x)
+
+
 def test_bridge_refusals():
     C, x = ids(1, 6, 6), ids(1, 2, 7)
     neox, _ = bridge("gpt_neox", "float64")        # computes its own way
