@@ -71,6 +71,13 @@ def test_nnsight_same_patches_as_inside():
                for r, s in zip(la.dW, lb.dW))
 
 
+def test_nnsight_undispatched_refused():
+    lm, hf = language_model("llama", "float64")
+    lm.dispatched = False                  # as built from a name, on 'meta'
+    with pytest.raises(TypeError, match="not dispatched.*model.dispatch"):
+        context_patches(lm, ids(1, 6, 2), ids(1, 2, 3))
+
+
 def test_nnsight_patch_errors_and_token_updates():
     lm, hf = language_model("llama", "float64")
     C, x = ids(1, 6, 4), ids(1, 2, 5)
