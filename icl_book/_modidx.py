@@ -985,4 +985,13 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                   'icl_book.weights.cache_dir': ('weights.html#cache_dir', 'icl_book/weights.py'),
                                   'icl_book.weights.load_pretrained': ('weights.html#load_pretrained', 'icl_book/weights.py'),
                                   'icl_book.weights.missing': ('weights.html#missing', 'icl_book/weights.py'),
-                                  'icl_book.weights.weights_path': ('weights.html#weights_path', 'icl_book/weights.py')}}}
+                                  'icl_book.weights.weights_path': ('weights.html#weights_path', 'icl_book/weights.py')},
+            'icl_book.wrappers': { 'icl_book.wrappers._bridged': ('wrappers.html#_bridged', 'icl_book/wrappers.py'),
+                                   'icl_book.wrappers._from': ('wrappers.html#_from', 'icl_book/wrappers.py'),
+                                   'icl_book.wrappers._hooked': ('wrappers.html#_hooked', 'icl_book/wrappers.py'),
+                                   'icl_book.wrappers._logits': ('wrappers.html#_logits', 'icl_book/wrappers.py'),
+                                   'icl_book.wrappers._probe': ('wrappers.html#_probe', 'icl_book/wrappers.py'),
+                                   'icl_book.wrappers._swap_originals': ('wrappers.html#_swap_originals', 'icl_book/wrappers.py'),
+                                   'icl_book.wrappers._undo': ('wrappers.html#_undo', 'icl_book/wrappers.py'),
+                                   'icl_book.wrappers.unbridged': ('wrappers.html#unbridged', 'icl_book/wrappers.py'),
+                                   'icl_book.wrappers.unwrap': ('wrappers.html#unwrap', 'icl_book/wrappers.py')}}}

@@ -13,6 +13,7 @@ from .blocks import RankOne
 from .families import Adapter, moe_layout, refuse_rounding, base_layer
 from .families import moe_first_delta as _moe_first, moe_last_deltas as _moe_last
 from .patch import patched_weights
+from .wrappers import unwrap, unbridged
 from .discovery import norm_rounds
 from .hf_checks import (
     HFPatch, check_model, check_patch, head_reads_outside, refuse_pooled,
@@ -242,32 +243,34 @@ def _refuse_data_writes(ad: Adapter, before) -> None:
 
 
 @sigint_critical                      # a Ctrl-C lands after enter/exit
-
 @contextmanager
 def patched(model,             # the model the patches were computed for
             patches: HFPatch,  # from `context_patches`
             inplace: bool = False,  # write into the weights (one token)
            ):
     "Inside, model(query) sees the context; positions and mask filled in."
-    ad = check_model(model)
-    check_patch(ad, patches)
-    why = head_reads_outside(model, ad, patches.query_ids)
+    wrapper, model = model, unwrap(model)  # nnsight / TransformerLens: inside
+    with unbridged(wrapper):               # a bridge: its transformers modules
+        ad = check_model(model)
+        check_patch(ad, patches)
+        why = head_reads_outside(model, ad, patches.query_ids)
     if why: raise ValueError(f"patched cannot reproduce this head: {why}")
     ap, written = _Apply(ad, model, patches), []
     hold_sigint(); st, opened = ExitStack(), False  # no Ctrl-C while changing
     try:
-        claim(st, ad)
-        _no_generate(st, model)
-        _call_hooks(st, ad, ap)
-        fn = dict(block_pre=ap.block_pre)
-        if inplace: write_weights(st, ad, patches, written)
-        else: fn.update(first=ap.first, last=ap.last, post=ap.post,
-                        moe=ap.moe)
-        _hooks(st, ad, patches.shape[0], **fn)
-        ap.expect.append(patches.state if patches.state and not inplace
-                         else model_state(ad, bits=True))   # byte sums
+        with unbridged(wrapper):         # hooks on the transformers modules
+            claim(st, ad)
+            _no_generate(st, model)
+            _call_hooks(st, ad, ap)
+            fn = dict(block_pre=ap.block_pre)
+            if inplace: write_weights(st, ad, patches, written)
+            else: fn.update(first=ap.first, last=ap.last, post=ap.post,
+                            moe=ap.moe)
+            _hooks(st, ad, patches.shape[0], **fn)
+            ap.expect.append(patches.state if patches.state and not inplace
+                             else model_state(ad, bits=True))  # byte sums
         opened = True; release_sigint()        # a held-back Ctrl-C: here
-        yield model
+        yield wrapper
         if ap.calls: _refuse_data_writes(ad, ap.expect[0])   # byte sums
 
     finally:
@@ -353,6 +356,10 @@ def patch_errors(model,             # a described `transformers` model
                  attention_mask=None,  # mask of [context, query], or None
                 ) -> dict:
     "Relative errors of the patched query-only run, per layer and output: `deep.patch_errors` for transformers models."
+    if unwrap(model) is not model:        # nnsight / TransformerLens: inside
+        with unbridged(model) as inner:
+            return patch_errors(inner, context_ids, query_ids, mode,
+                                attention_mask)
     p = context_patches(model, context_ids, query_ids, mode,
                         attention_mask=attention_mask)
     ad, n = check_model(model), p.start

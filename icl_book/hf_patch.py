@@ -12,6 +12,7 @@ from torch.func import functional_call
 from .core import rel_err, check_float
 from .blocks import RankOne
 from .deep import PATCH_MODES
+from .wrappers import unwrap, unbridged
 from .families import (Adapter, FAMILIES, moe_first_delta,
                                moe_last_deltas, moe_layout, refuse_rounding,
                                float32_routers)
@@ -323,6 +324,11 @@ def context_patches(
         token_type_ids=None,         # token types of [context, query]
 ) -> HFPatch:
     "Per-layer, per-position patches making the query alone act as [C, x]: `deep.context_patches` for transformers models."
+    if unwrap(model) is not model:        # nnsight / TransformerLens: inside
+        with unbridged(model) as inner:
+            return context_patches(inner, context_ids, query_ids, mode,
+                                   min_norm, attention_mask, check,
+                                   token_type_ids)
     ad = check_model(model); refuse_rounding(ad)
     if mode not in PATCH_MODES:
         raise ValueError(f"mode must be one of {PATCH_MODES}, got {mode!r}")

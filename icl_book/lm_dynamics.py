@@ -17,6 +17,7 @@ from .hf_patch import (accepts_kwarg, closed_loop_pass,
                                context_patches, model_dtype, output_tensor,
                                refuse_mismatch, with_context_pass)
 from .hf_apply import patched
+from .wrappers import unwrap, unbridged
 from .lm_pack import (check_prefix_model, chunk_size, code_window,
                               packed_chunk)
 
@@ -454,6 +455,10 @@ def token_updates(
     one run (self-checked on `check` prefixes), `method='loop'` computes
     `context_patches` once per prefix (the reference). With
     `return_errors`: (U, the self-check's largest error per layer)."""
+    if unwrap(model) is not model:        # nnsight / TransformerLens: inside
+        with unbridged(model) as inner:
+            return token_updates(inner, context_ids, query_ids, method,
+                                 chunk, part, check, seed, return_errors)
     if method == 'loop':                     # the same map, prefix by prefix
         if return_errors:
             raise ValueError("return_errors reads the one-pass method's "
