@@ -5,6 +5,7 @@
 # %% ../nbs/11ba_hf_apply.ipynb #c00211ba
 from __future__ import annotations
 from contextlib import ExitStack, contextmanager
+from fastcore.basics import patch
 import torch
 from torch import nn
 from .core import rel_err, check_int, check_float, hold_sigint, \
@@ -57,7 +58,8 @@ class _Apply:
         return (y.to(r.u.dtype) + r @ g.to(r.u.dtype)).to(y.dtype)
 
 # %% ../nbs/11ba_hf_apply.ipynb #c01212b
-def _apply_moe(self, l, a, y):
+@patch
+def moe(self: _Apply, l, a, y):
     "The MoE module run with its patched parameters at each position."
     p = self.P[l]; w = self.win.take(l, 'moe', a.shape[1])
     sl = lambda r: RankOne(r.u[:, w], r.v[:, w])
@@ -69,17 +71,17 @@ def _apply_moe(self, l, a, y):
     if p.db_out is None or self.ad.layers[l].post is not None: return out
     return (out.to(p.db_out.dtype) + p.db_out[:, w]).to(y.dtype)
 
-def _apply_post(self, l, x, y):
+@patch
+def post(self: _Apply, l, x, y):
     "After the post-norm: + δ, or the scale s -> s (1 + ρ)."
     p = self.P[l]; w = self.win.take(l, 'post', y.shape[1])
     if p.db_out is not None: return (y + p.db_out[:, w]).to(y.dtype)
     yw = y.to(p.ds_post.dtype)
     return (yw + yw * p.ds_post[:, w]).to(y.dtype)
 
-_Apply.moe, _Apply.post = _apply_moe, _apply_post
-
 # %% ../nbs/11ba_hf_apply.ipynb #c01213b
-def _apply_check(self, m, a, k):
+@patch
+def check(self: _Apply, m, a, k):
     """The base model's pre-hook: owner, mode, state (counters, addresses,
     configuration; the byte sums are compared on entry and exit) and the
     call's inputs."""
@@ -91,7 +93,8 @@ def _apply_check(self, m, a, k):
     return check_call(self.patches, a, k)
 
 
-def _apply_block_pre(self, l, x):
+@patch
+def block_pre(self: _Apply, l, x):
     "A block's pre-hook: refuse a block run without the model's input check."
     if not self.seen:
         raise ValueError("inside patched(...) the blocks ran without "
@@ -112,8 +115,6 @@ def _check_rotary(m, rec):
             f"the rotary embedding {rec[0]!r} changed its frequencies "
             "since context_patches (dynamic RoPE after a longer call): "
             "compute the patches again")
-
-_Apply.check, _Apply.block_pre = _apply_check, _apply_block_pre
 
 # %% ../nbs/11ba_hf_apply.ipynb #ba_w025b
 def _writer(st: ExitStack, ad: Adapter, written: list):

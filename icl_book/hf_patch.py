@@ -6,6 +6,7 @@
 from __future__ import annotations
 import inspect, weakref
 from contextlib import ExitStack, contextmanager
+from fastcore.basics import patch
 import torch
 from torch import nn
 from torch.func import functional_call
@@ -169,7 +170,6 @@ def with_context_pass(ad: Adapter,  # the model's adapter (`check_model`)
 
 # %% ../nbs/11b_hf_patch.ipynb #c00917m
 _moe_first, _moe_last = moe_first_delta, moe_last_deltas   # 11a's
-
 
 # %% ../nbs/11b_hf_patch.ipynb #c00918b
 SELF_CHECK_TOL = {torch.float64: 1e-12, torch.float32: 1e-3}  # per-layer self-check
@@ -435,7 +435,8 @@ class _ClosedLoop:
         return (y.to(wd) + r @ a.to(wd)).to(y.dtype)  # (W + u vᵀ) a
 
 # %% ../nbs/11b_hf_patch.ipynb #c01015g
-def _guard(self, x2, ok, l: int, key: str, why: str) -> None:
+@patch
+def guard(self: _ClosedLoop, x2, ok, l: int, key: str, why: str) -> None:
     "Refuse unless ok (and finite) at the real query slots of the window."
     w = self.win.take(l, key, ok.shape[1])
     if self.qmask is None and bool((torch.isfinite(x2).all() & ok.all())):
@@ -446,11 +447,9 @@ def _guard(self, x2, ok, l: int, key: str, why: str) -> None:
     _refuse_unless(torch.isfinite(x2)[real], l, _NAN)
     _refuse_unless(ok | ~real, l, why)
 
-_ClosedLoop.guard = _guard
-
-
 # %% ../nbs/11b_hf_patch.ipynb #c01016b
-def _residual(self, l, T):
+@patch
+def residual(self: _ClosedLoop, l, T):
     "δ over the current window: (with-context − context-free stream) / scale."
     w, free = self.win.take(l, 'delta', T), self.free[l]
     h = (free['x'][:, w] + free['b'][:, w] if self.ad.layers[l].branch
@@ -458,7 +457,8 @@ def _residual(self, l, T):
     wd = _wide(h.dtype)
     return (self.ctx[l]['h'][:, w].to(wd) - h.to(wd)) / self.ad.scale
 
-def _last(self, l, g, y):
+@patch
+def last(self: _ClosedLoop, l, g, y):
     "The last map: δ as a bias, or u = δ, v = g / ||g||² (else: the post-norm)."
     delta = self.residual(l, g.shape[1])
     if self.ad.layers[l].post is not None:
@@ -470,7 +470,8 @@ def _last(self, l, g, y):
     r = RankOne(delta, _inv(g.to(delta.dtype), g2, ok))
     self.rest[l].append(r); return (y + r @ g.to(delta.dtype)).to(y.dtype)
 
-def _post(self, l, x, y):
+@patch
+def post(self: _ClosedLoop, l, x, y):
     "After the post-norm: δ as a bias, or the scale s -> s (1 + ρ)."
     delta = self.free[l]['delta']
     if self.mode == 'bias':
@@ -480,11 +481,9 @@ def _post(self, l, x, y):
     rho = _inv(delta, yw, yw != 0)
     self.rest[l].append(rho); return (yw + yw * rho).to(y.dtype)
 
-_ClosedLoop.residual = _residual
-_ClosedLoop.last, _ClosedLoop.post = _last, _post
-
 # %% ../nbs/11b_hf_patch.ipynb #c01018b
-def _moe_first_factors(self, l, a):
+@patch
+def moe_first_factors(self: _ClosedLoop, l, a):
     "The router's and experts' first factors u = θ ΔA, v = a / ||a||²."
     w, wd = self.win.take(l, 'moe', a.shape[1]), _wide(a.dtype)
     aw = a.to(wd); a2 = _sq(aw, wd); ok = a2 > _floor(a2, self.min_norm)
@@ -500,7 +499,8 @@ def _moe_first_factors(self, l, a):
                (a.shape[0], self.n + self.q, self.n + w.start))
     return rs
 
-def _moe(self, l, a, y):                          # a: context-free LN2 h̃
+@patch
+def moe(self: _ClosedLoop, l, a, y):                          # a: context-free LN2 h̃
     "The MoE module with its patched parameters, per position."
     lay, wd = self.ad.layers[l], _wide(a.dtype)
     rs = self.moe_first_factors(l, a)
@@ -519,8 +519,6 @@ def _moe(self, l, a, y):                          # a: context-free LN2 h̃
     r = RankOne(delta, _inv(gh, g2, ok))
     self.rest[l].append(r)
     return _moe_run(self.ad, lay, a, rs, r, dA, self.at)
-
-_ClosedLoop.moe_first_factors, _ClosedLoop.moe = _moe_first_factors, _moe
 
 # %% ../nbs/11b_hf_patch.ipynb #c01020b
 def _cat(ps: list) -> RankOne:
