@@ -451,7 +451,7 @@ def _deep_repr(P) -> str:
     B, q = P.shape; w = [float(p.dW.norm().max()) for p in P.layers]
     u = P.layers[0].dW.u
     return (f"DeepPatch: {len(P)} blocks" + (f" of a {type(m).__name__}" if m
-            is not None else "") + f", (B, q) = ({B}, {q}) at positions "
+            is not None else "") + f"\n  (B, q) = ({B}, {q}) at positions "
             f"{P.start}..{P.start + q - 1}, mode {P.mode!r}, "
             f"{str(u.dtype).removeprefix('torch.')}\n"
             f"  ||ΔW||_F per layer (max over positions): max {max(w):.3g}, "
