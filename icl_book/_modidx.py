@@ -129,6 +129,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                    'icl_book.compress.evaluate': ('compress.html#evaluate', 'icl_book/compress.py'),
                                    'icl_book.compress.fit_adapter': ('compress.html#fit_adapter', 'icl_book/compress.py'),
                                    'icl_book.compress.fit_variant': ('compress.html#fit_variant', 'icl_book/compress.py'),
+                                   'icl_book.compress.named_metrics': ('compress.html#named_metrics', 'icl_book/compress.py'),
                                    'icl_book.compress.run_compress': ('compress.html#run_compress', 'icl_book/compress.py'),
                                    'icl_book.compress.variant': ('compress.html#variant', 'icl_book/compress.py'),
                                    'icl_book.compress.variant_ranks': ('compress.html#variant_ranks', 'icl_book/compress.py')},

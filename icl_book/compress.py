@@ -33,7 +33,7 @@ from .baselines import (
 
 # %% auto #0
 __all__ = ['METHODS', 'VARIANTS', 'TV', 'BUDGETED', 'ADAPTER', 'CompressConfig', 'variant', 'variant_ranks', 'fit_variant',
-           'Compressed', 'evaluate', 'compress', 'fit_adapter', 'run_compress', 'add_compress_parser']
+           'Compressed', 'evaluate', 'compress', 'fit_adapter', 'named_metrics', 'run_compress', 'add_compress_parser']
 
 # %% ../nbs/11d_compress.ipynb #cf1cfg
 METHODS = (        # floor and ceiling, then the compressions of the prompt
@@ -590,6 +590,23 @@ def fit_adapter(model,   # a supported transformers model (SmolLM2)
                                   model, n)), peft=_peft_modules(model)))
 
 
+# %% ../nbs/11d_compress.ipynb #nm1fn
+_NAMED = {'accuracy_first': 'first_token_acc', 'accuracy': 'answer_acc',
+          'val_accuracy_first': 'val_first_token_acc'}
+
+def named_metrics(res: dict,   # evaluate's result, or a bench/*.jsonl line
+                  ) -> dict:
+    "res with every accuracy named: first_token_acc, answer_acc (greedy)."
+    walk = lambda o: {_NAMED.get(k, k): walk(v) for k, v in o.items()} if (
+        isinstance(o, dict)) else o
+    out, get = walk(res), lambda k: res.get('metrics', {}).get(k, {})
+    for k in METHODS + ('adapter',):     # a method's own key: first token
+        if k in out and not isinstance(out[k], dict):
+            out[f'{k}_first_token_acc'] = out.pop(k)
+            out[f'{k}_answer_acc'] = get(k).get('accuracy')
+    return out
+
+
 # %% ../nbs/11d_compress.ipynb #f2ed366e
 def _threads(n: Optional[int]) -> int:
     "Threads for the run: n, else the cores the machine's load leaves free."
@@ -685,7 +702,7 @@ def run_compress(a: argparse.Namespace,   # add_compress_parser's arguments
         res.pop('peft')
     else:
         res, objs = evaluate(model, tok, a.task, cfg, methods, not a.quiet)
-        c = objs.get('adapter')
+        res, c = named_metrics(res), objs.get('adapter')
     if a.out is not None: res.update(_write(c, model, a.out, say))
     res['wall_s'] = round(time.perf_counter() - t0, 2)
     res.update(load_s=round(load_s, 2), threads=threads)

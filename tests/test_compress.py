@@ -567,11 +567,16 @@ def test_cli_progress_on_stderr_and_last_stdout_line_is_json(tmp_path):
         assert stage in out.stderr, stage
     assert "reference" not in out.stdout
     res = json.loads(out.stdout.strip().splitlines()[-1])
-    for k in ("task", "shots", "n_test", "zero_shot", "icl", "task_vector",
-              "function_vector", "thought_patch", "thought_patch_kind",
-              "numel", "wall_s", "budget"):
+    for k in ("task", "shots", "n_test", "thought_patch_kind", "numel",
+              "wall_s", "budget"):
         assert k in res, k
-    assert res["function_vector"] is None and res["zero_shot"] is None
+    for m in C.METHODS:              # both accuracies, named, every method
+        assert f"{m}_first_token_acc" in res and f"{m}_answer_acc" in res
+        assert m not in res
+    assert res["function_vector_first_token_acc"] is None
+    assert res["zero_shot_answer_acc"] is None
+    assert "accuracy" not in out.stdout              # every key named
+    assert res["icl_answer_acc"] == res["metrics"]["icl"]["answer_acc"]
     assert res["budget"]["rank"] == 2
     assert res["thought_patch_kind"] == "lstsq_out rrr2"
     secs = res["seconds"]            # per method, not the CLI's total
@@ -763,3 +768,40 @@ def test_smollm2_adapter_in_peft_float32(tmp_path):
         model, c, tmp_path / "a", x)
     assert _rel(got, native) <= 1e-5 < 1e-3 < _rel(plain, native)
     assert torch.equal(g_peft, g_native)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(missing("smollm2") is not None,
+                    reason=str(missing("smollm2")))
+def test_vllm_serves_two_adapters_like_peft(tmp_path):
+    "Two of our adapters in one vLLM server: its greedy tokens are PEFT's."
+    vllm = pytest.importorskip("vllm", reason="vllm is not installed")
+    from vllm.lora.request import LoRARequest
+    from peft import PeftModel
+    from icl_book.weights import load_pretrained
+    model, tok = load_pretrained("smollm2")
+    cfg = C.CompressConfig(shots=10, n_cal=32, n_val=1, n_test=4,
+                           budget="kv/10")
+    tasks, ads = ("present-past", "country-capital"), []
+    for i, t in enumerate(tasks):
+        c = C.fit_adapter(model, tok, t, cfg)
+        c.to_peft(tmp_path / t, model)
+        qs = [c.query_ids(tok, x)[0].tolist()
+              for x, _ in T.encode_task(tok, t, cfg).test.items]
+        ads.append((t, c, qs))
+    rank = max(max(c.rank) for _, c, _ in ads)
+    llm = vllm.LLM(model=model.config.name_or_path, enable_lora=True,
+                   max_lora_rank=min(r for r in (8, 16, 32, 64) if r >= rank),
+                   max_loras=2, dtype="float32", enforce_eager=True)
+    greedy = vllm.SamplingParams(temperature=0, max_tokens=4)
+    for i, (t, c, qs) in enumerate(ads):
+        outs = llm.generate([dict(prompt_token_ids=q) for q in qs], greedy,
+                            lora_request=LoRARequest(t, i + 1,
+                                                     str(tmp_path / t)))
+        pm = PeftModel.from_pretrained(load_pretrained("smollm2")[0],
+                                       tmp_path / t)
+        for q, o in zip(qs, outs):
+            with torch.no_grad():
+                want = pm.generate(torch.tensor([q]), max_new_tokens=4,
+                                   do_sample=False)[0, len(q):].tolist()
+            assert list(o.outputs[0].token_ids)[:len(want)] == want, (t, q)
