@@ -4,7 +4,7 @@
 
 # %% ../nbs/11d_compress.ipynb #afc62307
 from __future__ import annotations
-import argparse, os, sys, time
+import argparse, os, re, sys, time
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -14,10 +14,12 @@ from .core import check_int
 from .thought import ThoughtPatch
 from .weights import load_pretrained
 from .hf_checks import check_model
-from .lm_thought import (
+from .families import linear_weight
+from icl_book.lm_thought import (
     fit_thought_patch, teacher_forced, thought_patched, compression_metrics,
     patch_numel, budget_ranks, progress, prompt_cache, icl_logprobs,
-    check_writable, truncate, low_rank_factors, MlpPatch)
+    check_writable, truncate, low_rank_factors, MlpPatch, hook_layers,
+    reduced_rank_fit)
 from .task_suite import (    # load_task: also importable from here
     TASKS, TEMPLATE, task_file, load_task, SplitConfig, Split, TaskData,
     encode_task, template_parts, token_ids, kv_numel, check_length,
@@ -30,8 +32,8 @@ from .baselines import (
     vector_patch_logprobs)
 
 # %% auto #0
-__all__ = ['METHODS', 'VARIANTS', 'TV', 'BUDGETED', 'CompressConfig', 'variant', 'variant_ranks', 'fit_variant', 'Compressed',
-           'evaluate', 'compress', 'run_compress', 'add_compress_parser']
+__all__ = ['METHODS', 'VARIANTS', 'TV', 'BUDGETED', 'ADAPTER', 'CompressConfig', 'variant', 'variant_ranks', 'fit_variant',
+           'Compressed', 'evaluate', 'compress', 'fit_adapter', 'named_metrics', 'run_compress', 'add_compress_parser']
 
 # %% ../nbs/11d_compress.ipynb #cf1cfg
 METHODS = (        # floor and ceiling, then the compressions of the prompt
@@ -51,6 +53,7 @@ class CompressConfig(SplitConfig):
     budget: object = None       # ... or numbers (int), or 'kv/N': BUDGETED
     budgeted: Optional[tuple] = None   # ... only these of them (None: all)
     max_tokens: int = 2048      # prompt + longest query: refused beyond
+    adapter: bool = False       # ... and the variant to_peft exports
 
 # %% ../nbs/11d_compress.ipynb #dcee3bc7
 VARIANTS = {            # name: (kind, rank, ridge or None = cfg.lam, first)
@@ -62,25 +65,27 @@ VARIANTS = {            # name: (kind, rank, ridge or None = cfg.lam, first)
     'lstsq': ('lstsq', None, None, False),
     'lstsq r8': ('lstsq', 8, None, False),
     'first': ('lstsq', None, None, True),
-    'thought vector': ('bias', None, None, False)}
+    'thought vector': ('bias', None, None, False),
+    'adapter': ('adapter', None, None, False)}    # to_peft exports it
 _EVEN = ('lstsq_out budget', 'lstsq_mlp budget', 'lstsq_mlp budget late')
 TV = 'task vector + '      # the protocol's task vector, a patch on top
 BUDGETED = _EVEN + tuple(TV + v for v in _EVEN)
 _RANKED = ('lstsq', 'lstsq_out', 'lstsq_mlp')
+ADAPTER = 'adapter'   # the kind a LoRA is: 'adapter', ' budget', ' rrrR'
 
 def variant(name: str,   # in VARIANTS or BUDGETED, or 'KIND rrrR'
             ) -> tuple:
     "(kind, rank, ridge, first, optimal): 'KIND rrrR' is the rank-R optimum."
     kind, _, r = name.partition(' rrr')
     if name in VARIANTS: return VARIANTS[name] + (False,)
-    if name in BUDGETED:                     # ranks: budget_ranks, at fit
+    if name in BUDGETED + (ADAPTER + ' budget',):   # ranks: at fit
         v = name.removeprefix(TV).split()
         return v[0], v[-1], None, False, True
-    if kind in _RANKED and r.isdigit() and int(r) >= 1:
+    if kind in _RANKED + (ADAPTER,) and r.isdigit() and int(r) >= 1:
         return kind, int(r), None, False, True
     raise ValueError(f"unknown variant {name!r}; known: {list(VARIANTS)}, "
-                     f"{list(BUDGETED)}, or 'KIND rrrR' (rank R >= 1, KIND "
-                     f"one of {_RANKED})")
+                     f"{list(BUDGETED)}, 'adapter budget', or 'KIND rrrR' "
+                     f"(rank R >= 1, KIND one of {_RANKED + (ADAPTER,)})")
 
 # %% ../nbs/11d_compress.ipynb #dcee3bc8
 def variant_ranks(model, name: str,   # the model, a variant
@@ -93,6 +98,16 @@ def variant_ranks(model, name: str,   # the model, a variant
         raise ValueError(f"the variant {name!r} needs a budget")
     L = len(check_model(model).layers)
     if name.startswith(TV): budget -= model.config.hidden_size   # its d
+    if kind == ADAPTER:        # lstsq_out's ranks, its δ (d) not stored
+        d = model.config.hidden_size
+        try: return budget_ranks(model, budget + L * d, 'lstsq_out')
+        except ValueError:
+            need = sum(
+                d + linear_weight(lay.last).shape[1]
+                for lay in check_model(model).layers)
+            raise ValueError(f"a budget of {budget:,} numbers is below the "
+                             f"rank-1 adapter ({need:,} numbers on {L} "
+                             f"layers); give at least that") from None
     return budget_ranks(model, budget, kind, None if rank == 'budget'
                         else range(L - 1, -1, -1))      # late: last first
 
@@ -116,6 +131,9 @@ def fit_variant(model,            # a supported transformers model
                          f"vector in the run: give tv=(layer, vector)")
     key, fits = (kind, lam if ridge is None else ridge, opt and str(rank),
                  on_tv), {} if fits is None else fits
+    if key not in fits and kind == ADAPTER:    # the form a LoRA takes
+        fits[key] = _adapter_patch(model, P, split, states,
+                                   rank if opt else None, key[1])
     if key not in fits:
         fits[key] = vector_patch(model, P, split, states, *tv, kind, rank,
                                  key[1]) if on_tv else fit_thought_patch(
@@ -126,6 +144,42 @@ def fit_variant(model,            # a supported transformers model
         L = len(tp.M)
         tp = ThoughtPatch(tp.M, tp.beta, [None] * L, [None] * L)
     return tp
+
+# %% ../nbs/11d_compress.ipynb #ad1fit
+def _adapter_patch(model, P, split: Split,   # the model, prompt, queries
+                   states: dict,     # icl_states of split ('layers')
+                   rank=None,        # per-fit rank optimum, or per layer
+                   lam: float = 0.1,   # ridge, relative to inputs' mean²
+                   ) -> ThoughtPatch:
+    "M_out on down_proj alone: no δ, positions as without P, M_out g_0 = 0."
+    ad, (K, T) = check_model(model), split.ids.shape
+    L, S = len(ad.layers), states['layers']
+    rk = list(rank) if isinstance(rank, (list, tuple)) else [rank] * L
+    x = torch.cat([P[:, :1].expand(K, 1), split.ids], 1)   # (K, 1 + T)
+    pos = torch.arange(1 + T, device=x.device).expand(K, -1)   # 0..T
+    pick = lambda t: t[:, 1:][split.mask]                 # (N, ·) queries
+    tp, h_free = ThoughtPatch(*([None] * L for _ in range(4))), [None] * L
+    def on_h(l, h): h_free[l] = pick(h)
+    def on_out(m, args, y, l):
+        g = args[0]                                       # (K, 1 + T, H)
+        u = g[0, 0].double() / g[0, 0].double().norm()   # the start token
+        X = pick(g).double()                              # (N, H)
+        R = ((S[l]['h'] + S[l]['y']) - (h_free[l] + pick(y))).double()
+        if rk[l] == 0: return y
+        M, _ = reduced_rank_fit(X - (X @ u)[:, None] * u, R, bias=False,
+                                lam=lam * (X * X).sum(-1).mean().item(),
+                                rank=rk[l])               # (d, H)
+        tp.M_out[l] = (M - (M @ u)[:, None] * u).to(g.dtype)   # M u = 0
+        return y + g @ tp.M_out[l].T
+    with torch.no_grad(), ExitStack() as st:
+        hook_layers(st, ad, on_h, lambda l, j, a: 0., lambda l, g: 0.)
+        for l, lay in enumerate(ad.layers):
+            st.callback(lay.last.register_forward_hook(
+                lambda m, a, y, l=l: on_out(m, a, y, l)).remove)
+        ad.base(input_ids=x, position_ids=pos,
+                attention_mask=torch.ones_like(x), use_cache=False)
+    return tp
+
 
 # %% ../nbs/11d_compress.ipynb #b6460f56
 @dataclass
@@ -174,6 +228,16 @@ def _applied(self, model):
         try: yield model
         finally: model._compressed_applied = False
 
+def _factors(M: torch.Tensor,   # (m, n) of rank <= r
+             r: int,           # the factors' inner size
+             ) -> list:
+    "[A (m, r), B (r, n)], A @ B = M: A spans M's columns (QR), B = Aᵀ M."
+    if 4 * r > min(M.shape): return low_rank_factors(M, r)     # the SVD
+    g = torch.Generator().manual_seed(0)     # M Ω spans M's columns (a.s.)
+    A = torch.linalg.qr(M.double() @ torch.randn(
+        M.shape[1], r, generator=g, dtype=torch.float64))[0]  # (m, r)
+    return [A.to(M.dtype), (A.T @ M.double()).to(M.dtype)]
+
 _FIELDS = ('method', 'kind', 'layer', 'vector', 'rank', 'shift', 'start',
            'template', 'info')
 
@@ -185,7 +249,7 @@ def _save(self, path) -> None:
         rs = (self.rank if isinstance(self.rank, (list, tuple))
               else [self.rank] * len(tp.M))
         f = lambda M, r: (M if M is None or r is None or r >= min(M.shape)
-                          else low_rank_factors(M, r))
+                          else _factors(M, r))
         d['patch'] = dict(M=list(map(f, tp.M, rs)), beta=tp.beta,
                           M_out=list(map(f, tp.M_out, rs)), delta=tp.delta,
                           reads_mlp_input=isinstance(tp, MlpPatch))
@@ -207,6 +271,70 @@ def _load(cls, path) -> 'Compressed':
 Compressed.applied, Compressed.save = _applied, _save
 Compressed.load = classmethod(_load)
 
+# %% ../nbs/11d_compress.ipynb #pf1peft
+def _peft_modules(model) -> dict:
+    "The base model's name and its down_proj modules' names, per layer."
+    names = {id(m): n for n, m in model.named_modules()}
+    return dict(base=model.config.name_or_path or '', last=[
+        names[id(lay.last)] for lay in check_model(model).layers])
+
+def _not_lora(self) -> Optional[str]:
+    "Why no LoRA adapter is exactly this compressed prompt (None: one is)."
+    tp = self.patch
+    if tp is None or self.vector is not None:
+        return "a task or function vector is written into the residual stream"
+    if isinstance(tp, MlpPatch):
+        return "its MLP bypass reads the MLP's input, not down_proj's"
+    if any(t is not None for t in tp.beta + tp.delta):
+        return "it adds biases (β, δ) that the model's modules do not have"
+    if self.shift or any(M is not None for M in tp.M):
+        return "it moves the query's positions or patches the first maps"
+    if not self.kind or variant(self.kind)[0] != ADAPTER:
+        return "its fit leaves the start token alone only by its hooks"
+
+def _to_peft(self, directory,   # the adapter's folder (created if absent)
+             model=None,   # the base model (default: the one it was fit on)
+             ) -> Path:
+    "Write a PEFT LoRA adapter, `PeftModel.from_pretrained(base, directory)`."
+    why = _not_lora(self)
+    if why:
+        raise ValueError(
+            f"the {self.method} {self.kind!r} cannot be a LoRA adapter: "
+            f"{why}. The variants that export are {ADAPTER!r}, "
+            f"{ADAPTER + ' budget'!r} and {ADAPTER + ' rrrR'!r} (compress "
+            f"--out fits {ADAPTER + ' budget'!r})")
+    mods = self.info.get('peft') if model is None else _peft_modules(model)
+    tp = self.patch
+    if mods is None or len(mods['last']) != len(tp.M_out):
+        raise ValueError(f"give the base model the patch's {len(tp.M_out)} "
+                         f"layers were fitted on: to_peft(directory, model)")
+    from peft import LoraConfig                # the hf extra
+    from safetensors.torch import save_file
+    rs = (self.rank if isinstance(self.rank, (list, tuple))
+          else [self.rank] * len(tp.M_out))
+    tensors, r_of = {}, {}
+    for name, M, r in zip(mods['last'], tp.M_out, rs):
+        if M is None: continue
+        r_of[name] = r = min(M.shape) if r is None else min(r, *M.shape)
+        B, A = _factors(M, r)                    # (d, r) @ (r, H) = M_out
+        key = f'base_model.model.{name}.lora_'
+        tensors[key + 'A.weight'] = A.contiguous()
+        tensors[key + 'B.weight'] = B.contiguous()
+    r0 = max(r_of.values(), key=list(r_of.values()).count)    # the usual
+    pat = {re.escape(n): r for n, r in r_of.items() if r != r0}
+    cfg = LoraConfig(r=r0, lora_alpha=r0, rank_pattern=pat,   # scaling 1
+                     alpha_pattern=dict(pat), target_modules=list(r_of),
+                     lora_dropout=0.0, bias='none', task_type='CAUSAL_LM',
+                     base_model_name_or_path=mods['base'])
+    d = Path(directory)
+    d.mkdir(parents=True, exist_ok=True)
+    cfg.save_pretrained(str(d))
+    save_file(tensors, str(d / 'adapter_model.safetensors'))
+    return d
+
+Compressed.to_peft = _to_peft
+
+
 # %% ../nbs/11d_compress.ipynb #ev0help
 def _patch_names(model, cfg: CompressConfig, n: int) -> tuple:
     "The thought-patch variants to fit, and the budget in numbers (or None)."
@@ -218,14 +346,16 @@ def _patch_names(model, cfg: CompressConfig, n: int) -> tuple:
         B, want = budget_numbers(model, cfg.budget, n), cfg.budgeted
         if want is not None and (not want or set(want) - set(BUDGETED)):
             raise ValueError(f"budgeted: some of {BUDGETED}, got {want!r}")
-        ok = [v for v in want or BUDGETED if _fits(model, v, B)]
+        ok = [v for v in list(want or BUDGETED) + [ADAPTER + ' budget'] * (
+            cfg.adapter) if _fits(model, v, B)]
         if not ok: budget_ranks(model, B, 'lstsq_mlp')   # raises: too small
         return ok, B
     if r is not None and (isinstance(r, bool) or not isinstance(r, int)
                           or r < 1):
         raise ValueError(f"the rank must be an integer >= 1, got {r!r}")
-    if r is None: return [v for v in cfg.variants if v != 'thought vector'], r
-    return [f'lstsq_out rrr{r}'], None
+    if r is None: return [v for v in cfg.variants if v != 'thought vector'
+                          ] + [ADAPTER] * cfg.adapter, r
+    return [f'lstsq_out rrr{r}'] + [f'{ADAPTER} rrr{r}'] * cfg.adapter, None
 
 def _fits(model, name: str, B: int) -> bool:
     try: return variant_ranks(model, name, B) is not None
@@ -238,8 +368,10 @@ def _patches(model, td: TaskData, names, S, cfg, firsts, ref, ref1, b, B,
     P, (vids, vrows, _), var, fits = td.prompt, firsts, {}, {}
     for name in names:
         on = tv if name.startswith(TV) else None      # (layer, vector)
+        lora = variant(name)[0] == ADAPTER     # positions as without P
         tp = fit_variant(model, P, td.cal, name, S, cfg.lam, fits, B, on)
-        lp = lambda ids, s: teacher_forced(model, P, ids, tp, keep=1) if (
+        lp = lambda ids, s: teacher_forced(
+            model, P[:, :1] if lora else P, ids, tp, keep=1) if (
             on is None) else vector_patch_logprobs(model, P, ids, s.last,
                                                    tp, *on)
         b.update()
@@ -247,9 +379,10 @@ def _patches(model, td: TaskData, names, S, cfg, firsts, ref, ref1, b, B,
         b.update()
         rank = variant_ranks(model, name, B)
         c = Compressed('thought_patch', name, patch=tp, rank=rank,
-                       shift=P.shape[1] - 1, start=td.start,
+                       shift=0 if lora else P.shape[1] - 1, start=td.start,
                        template=cfg.template, layer=on and on[0],
-                       vector=on and on[1])
+                       vector=on and on[1], info=dict(peft=_peft_modules(
+                           model)) if lora else {})
         m = split_metrics(ref, lp(td.test.ids, td.test), td.test)
         b.update()
         var[name] = dict(val=first_token_scores(lpv, ref1, td.val.ids[
@@ -321,6 +454,8 @@ def _thought(model, td: TaskData, ref: dict, cfg, names, methods,
     def keep(method, v):
         out['metrics'][method], out['numel'][method] = v['test'], v['numel']
         out['objs'][method] = v['obj']
+    lora = [k for k in var if variant(k)[0] == ADAPTER]
+    if lora: keep('adapter', var[lora[0]])      # the one to_peft writes
     if 'thought vector' in var:
         keep('thought_vector', var.pop('thought vector'))
     if var:
@@ -346,8 +481,8 @@ def _summary(task, cfg, td: TaskData, B, steps: dict) -> tuple:
                                                'function_vector')
                   if k in objs})
     res.update({k: metrics[k]['accuracy_first'] if k in metrics else None
-                for k in METHODS}, thought_patch_kind=res.get(
-                    'thought_patch_kind'))
+                for k in METHODS + ('adapter',) * ('adapter' in metrics)},
+               thought_patch_kind=res.get('thought_patch_kind'))
     tp = objs.get('thought_patch')
     res.update(metrics=metrics, numel=numel, budget=dict(
         asked=cfg.budget, numbers=B, rank=tp and tp.rank,
@@ -416,6 +551,62 @@ def compress(model,   # a supported transformers model (SmolLM2)
                          f"{method!r}")
     return evaluate(model, tok, task, cfg, methods=(method,))[1][method]
 
+# %% ../nbs/11d_compress.ipynb #fa1fit
+def _adapter_name(model, cfg: CompressConfig, n: int) -> tuple:
+    "The adapter variant cfg asks for (budget, rank or full), its budget."
+    r, B = cfg.rank, cfg.budget
+    if r is not None and B is not None:
+        raise ValueError("give a rank or a budget for the adapter, not both")
+    if B is not None: return ADAPTER + ' budget', budget_numbers(model, B, n)
+    if r is not None and (isinstance(r, bool) or not isinstance(r, int)
+                          or r < 1):
+        raise ValueError(f"the rank must be an integer >= 1, got {r!r}")
+    return (ADAPTER if r is None else f'{ADAPTER} rrr{r}'), None
+
+def fit_adapter(model,   # a supported transformers model (SmolLM2)
+                tok,     # its tokenizer
+                task,    # a name in TASKS, a JSON file or a list of pairs
+                cfg: CompressConfig = None,  # shots, n_cal, rank | budget
+                verbose: bool = False,   # progress on stderr
+                ) -> Compressed:
+    "The prompt of `task` as an adapter (`to_peft`), with no benchmark run."
+    # cfg.n_val, cfg.n_test: held out of the fit, not run
+    cfg = cfg or CompressConfig(budget='kv/10')
+    td = encode_task(tok, task, cfg)
+    check_length(model, td, cfg.max_tokens)
+    n = td.prompt.shape[1]
+    name, B = _adapter_name(model, cfg, n)
+    with progress('adapter: calibration states, fit', 2, verbose) as b:
+        S = icl_states(model, td.prompt, td.cal, parts=('layers',))
+        b.update()
+        tp = fit_variant(model, td.prompt, td.cal, name, S, cfg.lam,
+                         budget=B); b.update()
+    return Compressed('thought_patch', name, patch=tp, start=td.start,
+                      rank=variant_ranks(model, name, B),
+                      template=cfg.template, info=dict(
+                          task=task_name(task), shots=cfg.shots,
+                          n_cal=cfg.n_cal, seed=cfg.seed, budget=dict(
+                              asked=cfg.budget, numbers=B, kv_cache=kv_numel(
+                                  model, n)), peft=_peft_modules(model)))
+
+
+# %% ../nbs/11d_compress.ipynb #nm1fn
+_NAMED = {'accuracy_first': 'first_token_acc', 'accuracy': 'answer_acc',
+          'val_accuracy_first': 'val_first_token_acc'}
+
+def named_metrics(res: dict,   # evaluate's result, or a bench/*.jsonl line
+                  ) -> dict:
+    "res with every accuracy named: first_token_acc, answer_acc (greedy)."
+    walk = lambda o: {_NAMED.get(k, k): walk(v) for k, v in o.items()} if (
+        isinstance(o, dict)) else o
+    out, get = walk(res), lambda k: res.get('metrics', {}).get(k, {})
+    for k in METHODS + ('adapter',):     # a method's own key: first token
+        if k in out and not isinstance(out[k], dict):
+            out[f'{k}_first_token_acc'] = out.pop(k)
+            out[f'{k}_answer_acc'] = get(k).get('accuracy')
+    return out
+
+
 # %% ../nbs/11d_compress.ipynb #f2ed366e
 def _threads(n: Optional[int]) -> int:
     "Threads for the run: n, else the cores the machine's load leaves free."
@@ -426,32 +617,98 @@ def _threads(n: Optional[int]) -> int:
     if n is not None: torch.set_num_threads(n)
     return torch.get_num_threads()
 
+_SIZES = dict(shots=10, n_cal=64, n_val=32, n_test=50)   # for >= 156
+_LEAST = dict(shots=2, n_cal=8, n_val=4, n_test=4)    # what they shrink to
+
+def _sizes(n: int,       # pairs in the task
+           given: dict,  # the sizes asked for (None: scaled)
+           fast: bool,   # the adapter alone: 1 validation, 1 test query
+           ) -> dict:
+    "Split sizes: those given; the others the defaults, shrunk to n pairs."
+    want = dict(_SIZES, **(dict(n_val=1, n_test=1) if fast else {}))
+    low = dict(_LEAST, **(dict(n_val=1, n_test=1) if fast else {}))
+    out = {k: v for k, v in given.items() if v is not None}
+    free = [k for k in want if k not in out]
+    need = sum(out.values()) + sum(low[k] for k in free)
+    if n < need:
+        parts = ', '.join(f"{out.get(k, low[k])} {w}" for k, w in zip(
+            want, ('shots', 'calibration', 'validation', 'test')))
+        who = 'the adapter' if fast else 'the benchmark'
+        raise ValueError(
+            f"the task has {n} pairs; {who} needs at least {need} ({parts})"
+            f": add pairs, or lower --shots, --calibration, --validation "
+            f"or --test")
+    if 'shots' in free:             # a fifth of a small task, at most 10
+        out['shots'] = max(low['shots'], min(10, n // 5)); free.remove(
+            'shots')
+    left = n - sum(out.values())    # split in the defaults' proportions
+    tot = sum(want[k] for k in free) or 1
+    for k in free:
+        out[k] = max(low[k], min(want[k], left * want[k] // tot))
+    while sum(out.values()) > n:    # the floors' excess, from calibration
+        k = max(free, key=lambda k: out[k] - low[k]); out[k] -= 1
+    return out
+
+def _check_out(d: str) -> None:
+    "Refuse an --out folder that cannot be written, before any work."
+    p = Path(d)
+    if p.exists() and not p.is_dir():
+        raise ValueError(f"--out {d!r} is a file; give a folder")
+    q = p if p.exists() else p.parent
+    if not q.is_dir() or not os.access(q, os.W_OK):
+        raise ValueError(f"--out {d!r}: {str(q)!r} is not a writable folder")
+
+def _write(c: Compressed, model, d: str, say) -> dict:
+    "The adapter (PEFT folder) and the native file, in d."
+    say(f"writing the adapter to {d} ...")
+    c.to_peft(d, model)
+    c.save(Path(d) / 'compressed.pt')
+    return dict(out=str(d), adapter_files=sorted(
+        p.name for p in Path(d).iterdir()), adapter_variant=c.kind,
+        adapter_rank=c.rank, adapter_numel=c.numel())
+
 def run_compress(a: argparse.Namespace,   # add_compress_parser's arguments
                  ) -> dict:
-    "The `compress` sub-command: the methods on SmolLM2, one result dict."
+    "The `compress` sub-command: the adapter (--out), or the benchmark."
+    fast = a.out is not None and not a.evaluate    # no benchmark run
     methods = tuple(a.methods or METHODS)
+    if a.out is not None:
+        _check_out(a.out)
+        if not fast and 'thought_patch' not in methods:
+            raise ValueError("--out writes the adapter, a thought patch: "
+                             "include thought_patch in --methods")
     if a.save:
         check_writable(a.save, '--save')
         if 'thought_patch' not in methods:
             raise ValueError("--save saves the thought patch: include "
                              "thought_patch in --methods")
     check_int('--seed', a.seed, 0, 2 ** 63 - 1)     # what torch can seed
-    load_task(a.task)                      # a bad file fails before loading
+    sizes = _sizes(len(load_task(a.task)), dict(     # before the model
+        shots=a.shots, n_cal=a.calibration, n_val=a.validation,
+        n_test=a.test), fast)
     budget = {None: None if a.rank else 'kv/10', 'none': None}.get(
         a.budget, a.budget)               # default: a tenth of the KV cache
-    cfg = CompressConfig(shots=a.shots, n_cal=a.calibration,
-                         n_val=a.validation, n_test=a.test, seed=a.seed,
-                         template=a.template, rank=a.rank, budget=budget,
-                         max_tokens=a.max_tokens, n_aie=a.aie_prompts)
+    cfg = CompressConfig(**sizes, seed=a.seed, template=a.template,
+                         rank=a.rank, budget=budget, max_tokens=a.max_tokens,
+                         n_aie=a.aie_prompts, adapter=a.out is not None)
+    say = lambda m: a.quiet or print(m, file=sys.stderr, flush=True)
     threads, t0 = _threads(a.threads), time.perf_counter()
-    if not a.quiet: print("loading SmolLM2 ...", file=sys.stderr, flush=True)
+    say("loading SmolLM2 ...")
     model, tok = load_pretrained('smollm2')
     load_s, t0 = time.perf_counter() - t0, time.perf_counter()
-    res, objs = evaluate(model, tok, a.task, cfg, methods, not a.quiet)
+    if fast:
+        c = fit_adapter(model, tok, a.task, cfg, not a.quiet)
+        res = dict(c.info, shots=cfg.shots, n_cal=cfg.n_cal, benchmark=False)
+        res.pop('peft')
+    else:
+        res, objs = evaluate(model, tok, a.task, cfg, methods, not a.quiet)
+        res, c = named_metrics(res), objs.get('adapter')
+    if a.out is not None: res.update(_write(c, model, a.out, say))
     res['wall_s'] = round(time.perf_counter() - t0, 2)
     res.update(load_s=round(load_s, 2), threads=threads)
     if a.save: objs['thought_patch'].save(a.save)
     return res
+
 
 # %% ../nbs/11d_compress.ipynb #cli1budget
 def _budget_arg(s: str):
@@ -462,39 +719,60 @@ def _budget_arg(s: str):
     raise argparse.ArgumentTypeError(f"give a number, kv/N or none, not {s!r}")
 
 # %% ../nbs/11d_compress.ipynb #cli1parse
+class _Defaults(argparse.ArgumentDefaultsHelpFormatter):
+    "--help with '(default: X)' where X is a value; None is said in words."
+    def _get_help_string(self, action):
+        return (action.help if action.default in (None, False)
+                else super()._get_help_string(action))
+
 def add_compress_parser(subparsers,   # ArgumentParser().add_subparsers()
                         ) -> argparse.ArgumentParser:
     "Add the `compress` sub-command to an argparse sub-parsers object."
     p = subparsers.add_parser(
-        'compress', help='compress a few-shot prompt of a task file; every '
+        'compress', formatter_class=_Defaults, help='compress a few-shot '
+        'prompt of a task file into a LoRA adapter (--out), or run every '
         'method side by side on SmolLM2 (progress on stderr)')
     p.add_argument('--task', required=True, help='a JSON list of {"input", '
                    '"output"} objects, or a built-in task: '
                    + ', '.join(TASKS))
-    p.add_argument('--shots', type=int, default=10, help='demonstrations')
-    p.add_argument('--calibration', type=int, default=64,
-                   help='calibration queries')
-    p.add_argument('--validation', type=int, default=32,
-                   help='validation queries (layers, variants)')
-    p.add_argument('--test', type=int, default=50, help='test queries')
-    p.add_argument('--seed', type=int, default=0)
+    p.add_argument('--out', default=None, help='write the adapter to this '
+                   'folder (adapter_config.json, adapter_model.safetensors,'
+                   ' compressed.pt) without the benchmark (default: none; '
+                   'the benchmark runs)')
+    p.add_argument('--evaluate', action='store_true', help='with --out: '
+                   'run the benchmark too (default: off)')
+    p.add_argument('--shots', type=int, default=None, help='demonstrations'
+                   ' (default: 10, a fifth of a task under 50 pairs)')
+    p.add_argument('--calibration', type=int, default=None,
+                   help='calibration queries (default: 64, fewer for a '
+                   'small task, at least 8)')
+    p.add_argument('--validation', type=int, default=None,
+                   help='validation queries, layers and variants (default: '
+                   '32, fewer for a small task, at least 4; --out alone: 1)')
+    p.add_argument('--test', type=int, default=None, help='test queries '
+                   '(default: 50, fewer for a small task, at least 4; --out'
+                   ' alone: 1)')
+    p.add_argument('--seed', type=int, default=0, help='the task\'s shuffle')
     p.add_argument('--template', default=TEMPLATE,
                    help="one demonstration, ending in {output}")
     p.add_argument('--save', default=None,
-                   help='save the best thought patch to this file')
+                   help='benchmark: save the best thought patch to this '
+                   'file (default: none)')
     p.add_argument('--methods', nargs='+', choices=METHODS, default=None,
-                   help='run only these (default: all)')
+                   help='benchmark: run only these (default: all)')
     p.add_argument('--rank', type=int, default=None, help='thought patch: '
-                   'the optimal patch of this rank on every layer')
+                   'the optimal patch of this rank on every layer (default: '
+                   'none, a budget)')
     p.add_argument('--budget', type=_budget_arg, default=None, help='thought'
                    ' patch: numbers it may store, N or kv/N (the KV cache / N;'
-                   ' default kv/10, without --rank), or none (full rank)')
+                   ' default: kv/10, without --rank), or none (full rank)')
     p.add_argument('--aie-prompts', type=int, default=25, help='function '
                    'vector: shuffled-label prompts for the head effects')
     p.add_argument('--max-tokens', type=int, default=2048,
                    help='refuse prompt + query longer than this')
     p.add_argument('--threads', type=int, default=None, help='torch threads '
                    '(default: the cores the load average leaves free)')
-    p.add_argument('--quiet', action='store_true', help='show no progress')
+    p.add_argument('--quiet', action='store_true', help='show no progress '
+                   '(default: progress on stderr)')
     p.set_defaults(run=run_compress)
     return p

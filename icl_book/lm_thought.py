@@ -124,8 +124,8 @@ def reduced_rank_fit(A: torch.Tensor,   # (K, d) inputs a_k
     if rank is not None and rank < min(M.shape):
         U = _top_outputs(M, Ac, lam, rank)
         M = U @ (U.T @ M)
-    beta = v_bar - M @ a_bar
-    return M.to(A.dtype), (beta.to(A.dtype) if bias else None)
+    if not bias: return M.to(A.dtype), None     # through the origin
+    return M.to(A.dtype), (v_bar - M @ a_bar).to(A.dtype)
 
 # %% ../nbs/11c_lm_thought.ipynb #bud1fn
 def _per_layer(rank, L: int) -> list:

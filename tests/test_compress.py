@@ -324,7 +324,7 @@ def test_cli_parser_from_python_c():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True,
                          text=True, timeout=120)
     assert out.returncode == 0, out.stderr
-    assert out.stdout.split() == ["antonym", "7", "10", "True"]
+    assert out.stdout.split() == ["antonym", "7", "None", "True"]  # scaled
 
 
 # ---- SmolLM2, end to end ----------------------------------------------------
@@ -567,11 +567,16 @@ def test_cli_progress_on_stderr_and_last_stdout_line_is_json(tmp_path):
         assert stage in out.stderr, stage
     assert "reference" not in out.stdout
     res = json.loads(out.stdout.strip().splitlines()[-1])
-    for k in ("task", "shots", "n_test", "zero_shot", "icl", "task_vector",
-              "function_vector", "thought_patch", "thought_patch_kind",
-              "numel", "wall_s", "budget"):
+    for k in ("task", "shots", "n_test", "thought_patch_kind", "numel",
+              "wall_s", "budget"):
         assert k in res, k
-    assert res["function_vector"] is None and res["zero_shot"] is None
+    for m in C.METHODS:              # both accuracies, named, every method
+        assert f"{m}_first_token_acc" in res and f"{m}_answer_acc" in res
+        assert m not in res
+    assert res["function_vector_first_token_acc"] is None
+    assert res["zero_shot_answer_acc"] is None
+    assert "accuracy" not in out.stdout              # every key named
+    assert res["icl_answer_acc"] == res["metrics"]["icl"]["answer_acc"]
     assert res["budget"]["rank"] == 2
     assert res["thought_patch_kind"] == "lstsq_out rrr2"
     secs = res["seconds"]            # per method, not the CLI's total
@@ -632,3 +637,171 @@ def test_stream_edit_refuses_bad_mode_and_layer(tiny):
     with pytest.raises(ValueError, match="layer must be in 0..3"):
         with stream_edit(tiny, 4, v):
             pass
+
+
+# ---- the adapter: a LoRA that PEFT loads ------------------------------------
+def _rel(a, b):
+    return ((a - b).norm() / b.norm()).item()
+
+
+def _peft_vs_native(model, c, d, x):
+    "Logits (PEFT, native applied, plain) on ids x, and greedy continuations."
+    import copy
+    from peft import PeftModel
+    c.to_peft(d, model)
+    pm = PeftModel.from_pretrained(copy.deepcopy(model), d)
+    q = x[:1, :4]
+    gen = dict(max_new_tokens=5, do_sample=False, pad_token_id=0,
+               eos_token_id=None)
+    with torch.no_grad():
+        with c.applied(model):
+            native, g_native = model(x).logits, model.generate(q, **gen)
+        plain = model(x).logits
+        got, g_peft = pm(x).logits, pm.generate(q, **gen)
+    return got, native, plain, g_peft, g_native
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_adapter_is_the_patch_in_peft_float64(tmp_path, seed):
+    model = tiny_model("llama", "float64", seed=seed, layers=4)
+    cfg = C.CompressConfig(shots=3, n_cal=6, n_val=4, n_test=5, seed=seed,
+                           budget=1500)
+    c = C.fit_adapter(model, CharTok(), PAIRS, cfg)
+    assert c.shift == 0 and c.patch.delta == [None] * 4
+    x = torch.cat([torch.zeros(5, 1, dtype=torch.long),
+                   T.encode_task(CharTok(), PAIRS, cfg).test.ids], 1)
+    got, native, plain, g_peft, g_native = _peft_vs_native(
+        model, c, tmp_path / "a", x)
+    assert _rel(got, native) <= 1e-10 < 1e-3 < _rel(plain, native)
+    assert torch.equal(g_peft, g_native)
+    back = C.Compressed.load(_save_to(c, tmp_path / "c.pt"))   # native file
+    with torch.no_grad(), back.applied(model):
+        assert _rel(model(x).logits, native) <= 1e-10
+
+
+def _save_to(c, f):
+    c.save(f)
+    return f
+
+
+def test_to_peft_refuses_what_no_lora_is(tiny, td, tmp_path):
+    S = B.icl_states(tiny, td.prompt, td.cal)
+    for name in ("lstsq_out r1", "lstsq_mlp rrr1", "first"):
+        tp = C.fit_variant(tiny, td.prompt, td.cal, name, S)
+        c = C.Compressed("thought_patch", name, patch=tp, rank=1,
+                         shift=td.prompt.shape[1] - 1)
+        with pytest.raises(ValueError, match="cannot be a LoRA adapter") as e:
+            c.to_peft(tmp_path / "x", tiny)
+        assert "'adapter budget'" in str(e.value)
+    tv = C.Compressed("task_vector", layer=1,
+                      vector=torch.zeros(32, dtype=torch.float64))
+    with pytest.raises(ValueError, match="residual stream"):
+        tv.to_peft(tmp_path / "x", tiny)
+    assert not (tmp_path / "x").exists()          # nothing written
+
+
+def test_cli_out_writes_the_adapter_without_the_benchmark(tmp_path):
+    d = tmp_path / "adapter"
+    out = _cli(tmp_path, "--out", str(d))
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "adapter: calibration states, fit" in out.stderr
+    for stage in ("in-context reference", "task vector", "function vector"):
+        assert stage not in out.stderr, stage          # no benchmark
+    res = json.loads(out.stdout.strip().splitlines()[-1])
+    assert res["benchmark"] is False and "icl" not in res
+    assert sorted(p.name for p in d.iterdir()) == res["adapter_files"] == [
+        "adapter_config.json", "adapter_model.safetensors", "compressed.pt"]
+    c = C.Compressed.load(d / "compressed.pt")
+    model = tiny_model("llama", layers=4)         # the one _cli runs
+    x = torch.cat([torch.zeros(5, 1, dtype=torch.long), T.encode_task(
+        CharTok(), PAIRS, C.CompressConfig(shots=3, n_cal=6, n_val=4,
+                                           n_test=5)).test.ids], 1)
+    from peft import PeftModel
+    pm = PeftModel.from_pretrained(model, d)
+    with torch.no_grad():
+        got = pm(x).logits
+        pm.unload()                               # the base, unpatched
+        with c.applied(model):
+            want = model(x).logits
+    assert _rel(got, want) <= 1e-10
+
+
+def test_cli_small_task_refused_before_the_model_loads(tmp_path):
+    f = tmp_path / "few.json"
+    least = C._LEAST["shots"] + C._LEAST["n_cal"] + 2     # + 1 val, 1 test
+    f.write_text(json.dumps([dict(input=f"w{i}", output=f"v{i}")
+                             for i in range(least - 1)]))
+    code = _MAIN.format(tests=str(Path(__file__).parent), boom=True)
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).parents[1]))
+    out = subprocess.run([sys.executable, "-c", code, "compress", "--task",
+                          str(f), "--out", str(tmp_path / "a")],
+                         capture_output=True, text=True, timeout=300,
+                         env=env)
+    assert out.returncode == 2, out.stderr[-2000:]
+    assert f"needs at least {least}" in out.stderr
+    assert "the model was loaded" not in out.stderr
+
+
+def test_sizes_scale_to_the_task():
+    free = dict(shots=None, n_cal=None, n_val=None, n_test=None)
+    assert C._sizes(500, free, False) == C._SIZES
+    for n in range(20, 160, 7):
+        for fast in (True, False):
+            s = C._sizes(n, free, fast)
+            assert sum(s.values()) <= n
+            assert all(s[k] >= (1 if fast and k in ("n_val", "n_test")
+                                else C._LEAST[k]) for k in s)
+    s = C._sizes(60, dict(free, n_test=9), False)
+    assert s["n_test"] == 9 and sum(s.values()) <= 60
+
+
+@pytest.mark.skipif(missing("smollm2") is not None,
+                    reason=str(missing("smollm2")))
+def test_smollm2_adapter_in_peft_float32(tmp_path):
+    from icl_book.weights import load_pretrained
+    model, tok = load_pretrained("smollm2")
+    cfg = C.CompressConfig(shots=5, n_cal=12, n_val=1, n_test=8, rank=2)
+    c = C.fit_adapter(model, tok, "present-past", cfg)
+    ts = T.encode_task(tok, "present-past", cfg).test
+    x = torch.cat([torch.full((len(ts.items), 1), c.start), ts.ids], 1)
+    got, native, plain, g_peft, g_native = _peft_vs_native(
+        model, c, tmp_path / "a", x)
+    assert _rel(got, native) <= 1e-5 < 1e-3 < _rel(plain, native)
+    assert torch.equal(g_peft, g_native)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(missing("smollm2") is not None,
+                    reason=str(missing("smollm2")))
+def test_vllm_serves_two_adapters_like_peft(tmp_path):
+    "Two of our adapters in one vLLM server: its greedy tokens are PEFT's."
+    vllm = pytest.importorskip("vllm", reason="vllm is not installed")
+    from vllm.lora.request import LoRARequest
+    from peft import PeftModel
+    from icl_book.weights import load_pretrained
+    model, tok = load_pretrained("smollm2")
+    cfg = C.CompressConfig(shots=10, n_cal=32, n_val=1, n_test=4,
+                           budget="kv/10")
+    tasks, ads = ("present-past", "country-capital"), []
+    for i, t in enumerate(tasks):
+        c = C.fit_adapter(model, tok, t, cfg)
+        c.to_peft(tmp_path / t, model)
+        qs = [c.query_ids(tok, x)[0].tolist()
+              for x, _ in T.encode_task(tok, t, cfg).test.items]
+        ads.append((t, c, qs))
+    rank = max(max(c.rank) for _, c, _ in ads)
+    llm = vllm.LLM(model=model.config.name_or_path, enable_lora=True,
+                   max_lora_rank=min(r for r in (8, 16, 32, 64) if r >= rank),
+                   max_loras=2, dtype="float32", enforce_eager=True)
+    greedy = vllm.SamplingParams(temperature=0, max_tokens=4)
+    for i, (t, c, qs) in enumerate(ads):
+        outs = llm.generate([dict(prompt_token_ids=q) for q in qs], greedy,
+                            lora_request=LoRARequest(t, i + 1,
+                                                     str(tmp_path / t)))
+        pm = PeftModel.from_pretrained(load_pretrained("smollm2")[0],
+                                       tmp_path / t)
+        for q, o in zip(qs, outs):
+            with torch.no_grad():
+                want = pm.generate(torch.tensor([q]), max_new_tokens=4,
+                                   do_sample=False)[0, len(q):].tolist()
+            assert list(o.outputs[0].token_ids)[:len(want)] == want, (t, q)
