@@ -22,7 +22,7 @@ _HOMES = {   # top-level name -> the module that defines it
     'token_updates': 'front', 'supported': 'front',
     'load_pretrained': 'weights', 'tiny_model': 'families',
     'RankOne': 'blocks', 'PATCH_MODES': 'deep',
-    'compress': 'compress', 'Compressed': 'compress',
+    'fit_adapter': 'compress', 'Compressed': 'compress',
 }
 __all__ = list(_HOMES)
 

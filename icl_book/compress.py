@@ -9,6 +9,7 @@ from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
+from fastcore.basics import patch
 import torch
 from .core import check_int
 from .thought import ThoughtPatch
@@ -32,8 +33,9 @@ from .baselines import (
     vector_patch_logprobs)
 
 # %% auto #0
-__all__ = ['METHODS', 'VARIANTS', 'TV', 'BUDGETED', 'ADAPTER', 'CompressConfig', 'variant', 'variant_ranks', 'fit_variant',
-           'Compressed', 'evaluate', 'compress', 'fit_adapter', 'named_metrics', 'run_compress', 'add_compress_parser']
+__all__ = ['METHODS', 'VARIANTS', 'TV', 'BUDGETED', 'ADAPTER', 'TASK_SIZES', 'LEAST_SIZES', 'CompressConfig', 'variant',
+           'variant_ranks', 'fit_variant', 'Compressed', 'evaluate', 'compress', 'fit_adapter', 'named_metrics',
+           'task_sizes', 'run_compress', 'add_compress_parser']
 
 # %% ../nbs/11d_compress.ipynb #cf1cfg
 METHODS = (        # floor and ceiling, then the compressions of the prompt
@@ -210,8 +212,9 @@ class Compressed:
         return torch.tensor([[self.start] + ids])
 
 # %% ../nbs/11d_compress.ipynb #d6e52984
+@patch
 @contextmanager
-def _applied(self, model):
+def applied(self: Compressed, model):
     "Context manager: the model runs as if the prompt were there."
     if getattr(model, '_compressed_applied', False):   # would add it twice
         raise RuntimeError("a compressed prompt is already applied to this "
@@ -241,7 +244,8 @@ def _factors(M: torch.Tensor,   # (m, n) of rank <= r
 _FIELDS = ('method', 'kind', 'layer', 'vector', 'rank', 'shift', 'start',
            'template', 'info')
 
-def _save(self, path) -> None:
+@patch
+def save(self: Compressed, path) -> None:
     "Save to one torch file (weights_only-loadable)."
     d = {k: getattr(self, k) for k in _FIELDS}
     if self.patch is not None:       # rank r: factors, r (m + n) numbers
@@ -256,7 +260,8 @@ def _save(self, path) -> None:
     torch.save(dict(format='icl_book.compress/1', **d), path)
 
 # %% ../nbs/11d_compress.ipynb #sv1load
-def _load(cls, path) -> 'Compressed':
+@patch(cls_method=True)
+def load(cls: Compressed, path) -> 'Compressed':
     "A Compressed saved with `save`."
     d = torch.load(path, weights_only=True)
     if not isinstance(d, dict) or d.get('format') != 'icl_book.compress/1':
@@ -267,9 +272,6 @@ def _load(cls, path) -> 'Compressed':
         p[k] = [M[0] @ M[1] if isinstance(M, list) else M for M in p[k]]
     kind = MlpPatch if p and p.pop('reads_mlp_input', False) else ThoughtPatch
     return cls(**d, patch=None if p is None else kind(**p))
-
-Compressed.applied, Compressed.save = _applied, _save
-Compressed.load = classmethod(_load)
 
 # %% ../nbs/11d_compress.ipynb #pf1peft
 def _peft_modules(model) -> dict:
@@ -292,7 +294,8 @@ def _not_lora(self) -> Optional[str]:
     if not self.kind or variant(self.kind)[0] != ADAPTER:
         return "its fit leaves the start token alone only by its hooks"
 
-def _to_peft(self, directory,   # the adapter's folder (created if absent)
+@patch
+def to_peft(self: Compressed, directory,   # the adapter's folder (created if absent)
              model=None,   # the base model (default: the one it was fit on)
              ) -> Path:
     "Write a PEFT LoRA adapter, `PeftModel.from_pretrained(base, directory)`."
@@ -331,9 +334,6 @@ def _to_peft(self, directory,   # the adapter's folder (created if absent)
     cfg.save_pretrained(str(d))
     save_file(tensors, str(d / 'adapter_model.safetensors'))
     return d
-
-Compressed.to_peft = _to_peft
-
 
 # %% ../nbs/11d_compress.ipynb #ev0help
 def _patch_names(model, cfg: CompressConfig, n: int) -> tuple:
@@ -617,16 +617,16 @@ def _threads(n: Optional[int]) -> int:
     if n is not None: torch.set_num_threads(n)
     return torch.get_num_threads()
 
-_SIZES = dict(shots=10, n_cal=64, n_val=32, n_test=50)   # for >= 156
-_LEAST = dict(shots=2, n_cal=8, n_val=4, n_test=4)    # what they shrink to
+TASK_SIZES = dict(shots=10, n_cal=64, n_val=32, n_test=50)   # for >= 156
+LEAST_SIZES = dict(shots=2, n_cal=8, n_val=4, n_test=4)    # what they shrink to
 
-def _sizes(n: int,       # pairs in the task
+def task_sizes(n: int,       # pairs in the task
            given: dict,  # the sizes asked for (None: scaled)
            fast: bool,   # the adapter alone: 1 validation, 1 test query
            ) -> dict:
     "Split sizes: those given; the others the defaults, shrunk to n pairs."
-    want = dict(_SIZES, **(dict(n_val=1, n_test=1) if fast else {}))
-    low = dict(_LEAST, **(dict(n_val=1, n_test=1) if fast else {}))
+    want = dict(TASK_SIZES, **(dict(n_val=1, n_test=1) if fast else {}))
+    low = dict(LEAST_SIZES, **(dict(n_val=1, n_test=1) if fast else {}))
     out = {k: v for k, v in given.items() if v is not None}
     free = [k for k in want if k not in out]
     need = sum(out.values()) + sum(low[k] for k in free)
@@ -683,7 +683,7 @@ def run_compress(a: argparse.Namespace,   # add_compress_parser's arguments
             raise ValueError("--save saves the thought patch: include "
                              "thought_patch in --methods")
     check_int('--seed', a.seed, 0, 2 ** 63 - 1)     # what torch can seed
-    sizes = _sizes(len(load_task(a.task)), dict(     # before the model
+    sizes = task_sizes(len(load_task(a.task)), dict(     # before the model
         shots=a.shots, n_cal=a.calibration, n_val=a.validation,
         n_test=a.test), fast)
     budget = {None: None if a.rank else 'kv/10', 'none': None}.get(

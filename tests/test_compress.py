@@ -728,7 +728,7 @@ def test_cli_out_writes_the_adapter_without_the_benchmark(tmp_path):
 
 def test_cli_small_task_refused_before_the_model_loads(tmp_path):
     f = tmp_path / "few.json"
-    least = C._LEAST["shots"] + C._LEAST["n_cal"] + 2     # + 1 val, 1 test
+    least = C.LEAST_SIZES["shots"] + C.LEAST_SIZES["n_cal"] + 2     # + 1 val, 1 test
     f.write_text(json.dumps([dict(input=f"w{i}", output=f"v{i}")
                              for i in range(least - 1)]))
     code = _MAIN.format(tests=str(Path(__file__).parent), boom=True)
@@ -744,14 +744,14 @@ def test_cli_small_task_refused_before_the_model_loads(tmp_path):
 
 def test_sizes_scale_to_the_task():
     free = dict(shots=None, n_cal=None, n_val=None, n_test=None)
-    assert C._sizes(500, free, False) == C._SIZES
+    assert C.task_sizes(500, free, False) == C.TASK_SIZES
     for n in range(20, 160, 7):
         for fast in (True, False):
-            s = C._sizes(n, free, fast)
+            s = C.task_sizes(n, free, fast)
             assert sum(s.values()) <= n
             assert all(s[k] >= (1 if fast and k in ("n_val", "n_test")
-                                else C._LEAST[k]) for k in s)
-    s = C._sizes(60, dict(free, n_test=9), False)
+                                else C.LEAST_SIZES[k]) for k in s)
+    s = C.task_sizes(60, dict(free, n_test=9), False)
     assert s["n_test"] == 9 and sum(s.values()) <= 60
 
 
