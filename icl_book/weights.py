@@ -112,9 +112,7 @@ def _smollm2_fp32():
     gguf = weights_path('smollm2')
     cached = cache_dir() / f"smollm2-135m-instruct-{gguf.stat().st_size}"
     got = _load_cached(cached)
-    if got is not None:
-        _say(f"SmolLM2-135M-Instruct in float32, dequantised from the 4-bit "
-             f"GGUF file {gguf.name}, read from the cache {cached}")
+    if got is not None:                   # read quietly: said when written
         return got
     _say(f"converting {gguf} (4-bit quantised weights) to float32 once; "
          f"the copy goes to {cached} (set ICL_BOOK_CACHE to move it)")

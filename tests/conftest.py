@@ -106,6 +106,11 @@ def start_book_build():
         subprocess.run(["bash", str(ROOT / "tools/vendor.sh")], check=True)
     log = tempfile.TemporaryFile(mode="w+")
     env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+    # on a fresh machine the first load converts SmolLM2 and says so on stderr:
+    # done here, so that no chapter's output carries that one-time message
+    subprocess.run([sys.executable, "-c", "from icl_book.weights import load_pretrained, "
+                    "missing\nmissing('smollm2') or load_pretrained('smollm2')"],
+                   cwd=ROOT, env=env, capture_output=True)
     _BUILD.update(log=log, proc=subprocess.Popen(
         [tool("jupyter-book"), "build", "--all", "-W", "-n", "--keep-going", "."],
         cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, text=True, env=env,

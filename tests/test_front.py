@@ -234,4 +234,4 @@ def test_load_pretrained_says_once_where_it_caches_and_accepts_half_precision(tm
     assert f"wrote {written / 1e6:.0f} MB" in said[1], (said, written)
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
     said = [l for l in r.stderr.splitlines() if l.startswith("icl_book.load_pretrained:")]
-    assert len(said) == 1 and "read from the cache" in said[0], r.stderr
+    assert not said, r.stderr                  # a cached copy is read quietly

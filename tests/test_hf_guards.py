@@ -216,14 +216,26 @@ def test_inplace_into_float32_norms_is_refused_in_float64(arch):
 
 # ------------------------------------------------------------------ Ctrl-C
 def interrupted_block(m, p, inplace, k):
-    """Run `with patched(...): pass` with a SIGINT raised at the k-th trace
-    event (any line of any frame: a Ctrl-C at that instant); (events, hit)."""
+    """Run `with patched(...): pass` with a Ctrl-C at the k-th line or call
+    event (any line of any frame); (events, hit). The SIGINT handler is
+    called as Python calls it for a real signal: with the frame it lands in
+    (`signal.raise_signal` here would hand it the tracer's own frame).
+    Not at 'return' events: an exception raised by a trace function as a
+    generator suspends at its `yield` ends that frame without its `finally`,
+    which no Ctrl-C can do (a signal's handler runs between bytecodes, and a
+    suspended generator is closed, running its `finally`, when its context
+    manager is dropped)."""
     n = [0]
 
     def tracer(frame, event, arg):
+        if event == "return":
+            return tracer
         n[0] += 1
         if n[0] == k:
-            signal.raise_signal(signal.SIGINT)
+            handler = signal.getsignal(signal.SIGINT)
+            if not callable(handler):
+                raise KeyboardInterrupt
+            handler(signal.SIGINT, frame)
         return tracer
     try:
         sys.settrace(tracer)

@@ -45,7 +45,8 @@ def top_level() -> list:
     for n, m in homes.items():
         kind = "autoclass" if n[0].isupper() and not n.isupper() else \
             "autodata" if n.isupper() else "autofunction"
-        out.append(f"```{{eval-rst}}\n.. {kind}:: icl_book.{m}.{n}\n```\n")
+        out.append(f"```{{eval-rst}}\n.. {kind}:: icl_book.{m}.{n}\n"
+                   "   :no-index:\n```\n")     # its module's section indexes it
     out.append(f"`icl_book.hf` serves {len(hf_names)} names: "
                + ", ".join(f"`{n}`" for n in hf_names) + ".\n")
     return out
