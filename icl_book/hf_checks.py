@@ -187,15 +187,15 @@ def _hf_repr(P) -> str:
     w = [float(sum(r.norm() ** 2 for r in p.dW).sqrt().max()) for p in P.layers]
     alive = P._base is not None and P._base() is not None
     errs = [e for e in P.errors if e is not None]
-    return (f"HFPatch of a {P.arch} ({P.family}): {len(P)} layers, (B, q) = "
-            f"({B}, {q}) at positions {pos}, mode {P.mode!r}, "
+    return (f"HFPatch of a {P.arch} ({P.family}): {len(P)} layers\n"
+            f"  (B, q) = ({B}, {q}) at positions {pos}, mode {P.mode!r}, "
             f"{str(P.layers[0].dW[0].u.dtype).removeprefix('torch.')}\n"
             f"  ||ΔW||_F per layer (first maps, max over positions): max "
             f"{max(w):.3g}, median {statistics.median(w):.3g}\n" + (
             f"  self-check relative error per layer: max {max(errs):.2g}\n"
             if errs else "") +
             f"  numbers stored: {P.numel():,} per query position, "
-            f"{P.numel() * B * q:,} in all; "
+            f"{P.numel() * B * q:,} in all\n  "
             + ("bound to its model" if alive else "its model is gone"))
 
 # %% ../nbs/11ac_hf_checks.ipynb #hf_che007

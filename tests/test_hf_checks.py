@@ -187,7 +187,7 @@ def test_repr_summarises():
     m = tiny_model("llama", "float64", seed=0)
     P = context_patches(m, ids(2, 6, 0), ids(2, 3, 1))
     r = repr(P)
-    assert "tensor(" not in r and len(r.splitlines()) == 4
+    assert "tensor(" not in r and max(map(len, r.splitlines())) <= 78   # a page column
     assert "LlamaForCausalLM" in r and "3 layers" in r and "(B, q) = (2, 3)" in r
     assert "positions 6..8" in r and "'rank1'" in r and "float64" in r
     per_pos = sum(len({t.data_ptr() for r1 in p.dW for t in r1}) and (
