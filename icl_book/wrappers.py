@@ -5,6 +5,7 @@
 # %% ../nbs/11aa_wrappers.ipynb #wrap002
 from __future__ import annotations
 from contextlib import ExitStack, contextmanager
+import weakref
 import torch
 from torch import nn
 from .families import adapter
@@ -22,7 +23,7 @@ def _from(model, package: str, name: str = None) -> bool:
 # %% ../nbs/11aa_wrappers.ipynb #wrap005
 def unwrap(model,  # a transformers model, an nnsight LanguageModel, or a TransformerBridge
            ) -> nn.Module:
-    "The `transformers` model that `model` holds (`model` itself when it is one); TypeError naming the supported route for a wrapper that holds none."
+    "The `transformers` model that `model` holds (`model` itself when it is one; for a native TransformerBridge, a transformers-shaped view of its `NativeModel`); TypeError naming the supported route for a wrapper that holds neither."
     if _from(model, 'nnsight'):
         inner = getattr(model, '_module', None)     # the wrapped model itself
         if not isinstance(inner, nn.Module) or not hasattr(inner, 'config'):
@@ -40,13 +41,15 @@ def unwrap(model,  # a transformers model, an nnsight LanguageModel, or a Transf
         return inner
     if _from(model, 'transformer_lens', 'TransformerBridge'):
         inner = getattr(model, 'original_model', None)
+        if _from(inner, 'transformer_lens', 'NativeModel'):   # boot_native
+            return _native_view(model, inner)
         if not isinstance(inner, nn.Module) or not hasattr(inner, 'config'):
             raise TypeError(
-                f"this TransformerBridge holds a {type(inner).__name__}, not a "
-                f"transformers model (a native bridge, boot_native): icl_book "
-                f"reads the blocks of transformers models only. Supported "
-                f"route: TransformerBridge.boot_transformers(name, "
-                f"hf_model=hf_model) around a transformers model")
+                f"this TransformerBridge holds a {type(inner).__name__}, "
+                f"neither a transformers model nor a TransformerLens "
+                f"NativeModel: icl_book reads the blocks of those only. "
+                f"Supported routes: TransformerBridge.boot_transformers(name, "
+                f"hf_model=hf_model), or TransformerBridge.boot_native(cfg)")
         return inner
     if _from(model, 'transformer_lens'):
         raise TypeError(
@@ -82,6 +85,10 @@ def _logits(r): return r.logits if hasattr(r, 'logits') else r
 
 def _hooked(hf: nn.Module) -> dict:
     "{name: module} the patches hook: the base, each block, its MLP maps, its post norm."
+    if isinstance(hf, _NativeView):          # every block and linear map
+        return {n: m for n, m in hf.named_modules() if n == 'model' or
+                n.startswith('layers.') and (n.count('.') == 1 or
+                                             isinstance(m, nn.Linear))}
     try: ad = adapter(hf)
     except TypeError as e:
         raise TypeError(
@@ -146,3 +153,81 @@ def unbridged(model,  # any model `unwrap` accepts
         _probe(model, hf, swaps)
         yield hf
     finally: _undo(swaps)
+
+# %% ../nbs/11aa_wrappers.ipynb #wrap061
+_KEEP = (bool, int, float, str, type(None))
+
+def _native_fields(cfg) -> dict:
+    "The TransformerLens config's plain fields, under transformers' names too."
+    tl = {f'tl_{k}': v for k, v in vars(cfg).items() if isinstance(v, _KEEP)}
+    return dict(tl, vocab_size=cfg.d_vocab, hidden_size=cfg.d_model,
+                num_hidden_layers=cfg.n_layers, num_attention_heads=cfg.n_heads,
+                intermediate_size=cfg.d_mlp, max_position_embeddings=cfg.n_ctx,
+                is_decoder=cfg.attention_dir == 'causal')
+
+def _native_config(cfg):
+    "A transformers config standing for a TransformerLens NativeModel's `cfg`."
+    from transformers import PretrainedConfig
+    c = PretrainedConfig(**_native_fields(cfg))
+    c.model_type = 'transformer_lens_native'
+    return c
+
+def _original(m: nn.Module) -> nn.Module:
+    "The module a TransformerLens component stands in for (m if none)."
+    while _bridged(m): m = m._modules['_original_component']
+    return m
+
+class _NativeView(nn.Module):
+    """A TransformerLens `NativeModel` seen as a transformers causal LM: a
+    config from its `cfg`, a forward returning `.logits`, and hooks that sit
+    on the native model itself, so the bridge's own runs fire them."""
+    def __init__(self, native: nn.Module):
+        super().__init__()
+        self.layers = native.layers    # first: the view reads the ids
+        self.model = native
+    @property
+    def config(self): return _native_config(self.model.cfg)
+    @property
+    def device(self) -> torch.device:
+        return self.get_input_embeddings().weight.device
+    def get_input_embeddings(self) -> nn.Module:
+        return _original(self.model.tok_embed)
+    def forward(self, input_ids, attention_mask=None, position_ids=None,
+                use_cache=None, return_dict=None):
+        from transformers.modeling_outputs import CausalLMOutput
+        return CausalLMOutput(logits=self.model(
+            input_ids, attention_mask=attention_mask,
+            position_ids=position_ids))
+    def named_parameters(self, *args, **kwargs):
+        "Named as in the native model itself, with or without its components."
+        for n, p in super().named_parameters(*args, **kwargs):
+            yield n.replace('._original_component', ''), p
+    def register_forward_pre_hook(self, hook, *, with_kwargs=False, **kw):
+        "On the native model; its keyword output_attentions (unread) dropped."
+        def pre(m, args, kwargs):
+            kwargs.pop('output_attentions', None)     # NativeModel ignores it
+            return hook(self, args, kwargs)
+        if not with_kwargs:
+            return self.model.register_forward_pre_hook(
+                lambda m, args: hook(self, args), **kw)
+        return self.model.register_forward_pre_hook(pre, with_kwargs=True, **kw)
+    def register_forward_hook(self, hook, *, with_kwargs=False, **kw):
+        "On the native model, its output (logits) seen as the view's."
+        from transformers.modeling_outputs import CausalLMOutput
+        def post(m, args, *rest):
+            r = hook(self, args, *rest[:-1], CausalLMOutput(logits=rest[-1]))
+            return None if r is None else r.logits if hasattr(r, 'logits') else r
+        return self.model.register_forward_hook(post, with_kwargs=with_kwargs, **kw)
+
+_NativeView.__name__ = 'NativeModel'   # messages name what the user holds
+
+_VIEWS = weakref.WeakKeyDictionary()     # bridge -> its NativeModel's view
+
+def _native_view(bridge, native) -> nn.Module:
+    "The one view of a native bridge's NativeModel (a new one if it changed)."
+    v = _VIEWS.get(bridge)
+    if v is None or v.model is not native:
+        v = _VIEWS[bridge] = _NativeView(native)
+        v.training = False                  # the view's flag; not its model's
+    return v
+

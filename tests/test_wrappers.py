@@ -2,8 +2,10 @@
 (icl_book.wrappers): an nnsight LanguageModel and a TransformerLens 4
 TransformerBridge booted around a tiny random transformers model (GPT-2, GPT-J,
 Llama) are exact in float64 (<= 1e-10 on logits, cache and hook) and float32
-(<= 1e-4); a bridge that computes its own way (GPT-NeoX in float64,
-compatibility mode) or a native one is refused with the route that works.
+(<= 1e-4); so are native bridges (boot_native) of three block styles (every
+block <= 1e-12 in float64); a bridge that computes its own way (GPT-NeoX in
+float64, compatibility mode on a gated MLP, a float64 parameter-free norm) is
+refused with the route that works.
 Skips, with the reason, when nnsight or transformer_lens is absent."""
 import warnings
 
@@ -166,25 +168,117 @@ def test_bridge_refusals():
         context_patches(gpt2, C, x)
 
 
-@pytest.mark.parametrize("style", [
-    dict(act_fn='gelu', normalization_type='LN'),
-    dict(act_fn='gelu', normalization_type='LN', parallel_attn_mlp=True,
-         positional_embedding_type='rotary'),
-    dict(act_fn='silu', normalization_type='RMS', gated_mlp=True,
-         positional_embedding_type='rotary')])
-def test_native_bridge_refused_with_route(style):
+STYLES = {                                    # the three block styles
+    'gpt2': dict(act_fn='gelu', normalization_type='LN'),
+    'parallel': dict(act_fn='gelu', normalization_type='LN',
+                     parallel_attn_mlp=True,
+                     positional_embedding_type='rotary'),
+    'llama': dict(act_fn='silu', normalization_type='RMS', gated_mlp=True,
+                  positional_embedding_type='rotary')}
+
+
+def native(style, dtype="float64", compat=False, **cfg):
+    "A tiny random native bridge (boot_native, offline), in eval mode."
     tl = pytest.importorskip("transformer_lens.model_bridge",
                              reason="transformer_lens is not installed")
     from transformer_lens.config import TransformerBridgeConfig
-    native = tl.TransformerBridge.boot_native(TransformerBridgeConfig(
+    br = tl.TransformerBridge.boot_native(TransformerBridgeConfig(
         d_model=16, n_layers=2, n_ctx=32, d_head=4, n_heads=4, d_vocab=97,
-        d_mlp=32, seed=0, **style), dtype=torch.float64)
+        d_mlp=32, seed=0, **STYLES.get(style, {}), **cfg),
+        dtype=getattr(torch, dtype)).eval()
+    if compat: br.enable_compatibility_mode()
+    return br
+
+
+@pytest.mark.parametrize("style", list(STYLES))
+@pytest.mark.parametrize("dtype,tol,layer_tol", [
+    ("float64", 1e-10, 1e-12), ("float32", 1e-4, 1e-5)])
+def test_native_bridge_exact(style, dtype, tol, layer_tol):
+    """Against the bridge's own run with the context: the patched forward,
+    run_with_cache (plain: the view drops output_attentions, which the
+    native model never reads) and a hook inside patched; the self-check's
+    blocks; the bridge intact afterwards."""
+    br = native(style, dtype)
+    C, x = ids(2, 9, 0), ids(2, 3, 1)
+    n, k, seen = C.shape[1], 'blocks.1.hook_out', []
+    kinds = [type(m) for m in br.modules()]
+    before = snapshot(br.original_model)
+    P = context_patches(br, C, x)
+    assert max(P.errors) <= layer_tol
+    with torch.no_grad():
+        full, fc = br.run_with_cache(torch.cat([C, x], 1))
+        with patched(br, P) as held:
+            assert held is br
+            out = br(x)
+            _, cache = br.run_with_cache(x)
+            br.run_with_hooks(x, fwd_hooks=[(k, lambda t, hook: seen.append(t))])
+        alone = br(x)
+    assert rel_err(out, full[:, n:]) <= tol
+    assert rel_err(cache[k], fc[k][:, n:]) <= tol
+    assert rel_err(seen[0], fc[k][:, n:]) <= tol
+    assert rel_err(alone, full[:, n:]) > 1e-3        # the patches did the work
+    assert [type(m) for m in br.modules()] == kinds  # the components put back
+    after = snapshot(br.original_model)
+    assert all(torch.equal(before[k], after[k]) for k in before)
+
+
+@pytest.mark.parametrize("style", list(STYLES))
+def test_native_patch_errors_and_token_updates(style):
+    br = native(style)
+    C, x = ids(1, 6, 2), ids(1, 2, 3)
+    e = patch_errors(br, C, x)
+    assert e['output'] <= 1e-10 and max(e['per_layer']) <= 1e-12
+    assert e['unpatched'] > 1e-3
+    U = token_updates(br, C[:, :4], x, method='loop')
+    assert U.shape == (4, 2) and bool(U.isfinite().all()) and U.abs().sum() > 0
+    with pytest.raises(TypeError, match="method='loop'"):   # no KV cache
+        token_updates(br, C, x)
+
+
+def test_native_parallel_flag_is_sequential():
+    """TransformerLens 4.3's NativeBlock does not read parallel_attn_mlp:
+    the 'parallel' bridge computes the sequential block (if a release
+    changes this, the record read off the blocks follows; this test says
+    the chapter's sentence must change)."""
+    seq = native('gpt2', positional_embedding_type='rotary')
+    par = native('parallel')
+    t = ids(1, 8, 4)
+    with torch.no_grad():
+        assert torch.equal(seq(t), par(t))
+
+
+def test_native_compatibility_mode():
+    """Compatibility mode folds the norms into the native weights in place:
+    GPT-2 style still calls every native map (exact, a patch of the folded
+    matrix), patches from before the switch are stale; the gated style
+    computes from processed copies (refused)."""
+    br = native('gpt2')
     C, x = ids(1, 6, 6), ids(1, 2, 7)
-    P = context_patches(tiny_model("gpt2", "float64", seed=0), C, x)
-    for call in (lambda: context_patches(native, C, x),
-                 lambda: patch_errors(native, C, x),
-                 lambda: token_updates(native, C, x),
-                 lambda: patched(native, P).__enter__()):
-        with pytest.raises(TypeError, match="NativeModel, not a transformers "
-                           "model.*Supported route.*boot_transformers"):
-            call()
+    P0 = context_patches(br, C, x)
+    br.enable_compatibility_mode()
+    with pytest.raises(ValueError, match="changed since context_patches"):
+        patched(br, P0).__enter__()
+    P = context_patches(br, C, x)
+    with torch.no_grad(), patched(br, P):
+        out = br(x)
+    assert rel_err(out, br(torch.cat([C, x], 1))[:, 6:]) <= 1e-10
+    with pytest.raises(TypeError, match="does not call .* Supported route"):
+        context_patches(native('llama', compat=True), C, x)
+
+
+def test_native_refusals():
+    C, x = ids(1, 6, 6), ids(1, 2, 7)
+    with pytest.raises(TypeError, match="no MLP"):
+        context_patches(native('gpt2', attn_only=True), C, x)
+    with pytest.raises(TypeError, match="logits differ by"):   # float32 norm
+        context_patches(native(None, act_fn='gelu', normalization_type='LNPre'),
+                        C, x)
+    with pytest.raises(ValueError, match="training mode.*eval"):
+        context_patches(native('gpt2').train(), C, x)
+    br = native('gpt2')
+    P = context_patches(br, C, x)
+    w = br.original_model.layers[0].mlp.fc_in.weight
+    with pytest.raises(ValueError, match="changed inside patched"):
+        with patched(br, P), torch.no_grad():
+            w.add_(1.)                             # a write the check must see
+            br(x)
