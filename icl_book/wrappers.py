@@ -117,15 +117,19 @@ def _probe(bridge, hf: nn.Module, swaps: list) -> None:
         swaps[:] = _swap_originals(hf)
     with torch.no_grad(): h = _logits(hf(ids, use_cache=False))
     skipped = [n for n in hooked if n not in called]
+    route = ("Supported route: a bridge booted without compatibility mode, "
+             "or the transformers model itself")
+    if isinstance(hf, _NativeView):
+        route = ("Supported route: a native configuration whose components "
+                 "compute what its NativeModel computes (normalization_type "
+                 "'LN', 'RMS' or None), without compatibility mode")
     if skipped:
         raise TypeError(
             f"this TransformerBridge does not call {len(skipped)} of the "
             f"transformers modules the patches hook ({', '.join(skipped[:3])}"
             f"{', ...' if len(skipped) > 3 else ''}): it computes them from "
             f"its own processed weights (enable_compatibility_mode() does "
-            f"this), so a patch would not reach its run. Supported route: a "
-            f"bridge booted without compatibility mode, or the transformers "
-            f"model itself")
+            f"this), so a patch would not reach its run. " + route)
     dt, err = h.dtype, ((b - h).norm() / h.norm()).item()
     tol = 1e-12 if dt == torch.float64 else 1e-5
     if not err <= tol:
@@ -136,9 +140,7 @@ def _probe(bridge, hf: nn.Module, swaps: list) -> None:
             f"patches exact for the transformers model would not be exact "
             f"for the bridge's run (enable_compatibility_mode() folds "
             f"LayerNorm into the weights and centres the unembedding; some "
-            f"bridges compute a part their own way). Supported route: the "
-            f"transformers model itself, or a bridge booted without "
-            f"compatibility mode whose run matches it")
+            f"bridges compute a part their own way). " + route)
 
 # %% ../nbs/11aa_wrappers.ipynb #wrap052
 @contextmanager
