@@ -146,15 +146,17 @@ def _probe(bridge, hf: nn.Module, swaps: list) -> None:
 @contextmanager
 def unbridged(model,  # any model `unwrap` accepts
              ):
-    "Yields `unwrap(model)`; for a TransformerBridge, with the transformers modules back in their places until the block ends (after checking on a probe that the bridge's run equals them)."
+    "Yields `unwrap(model)`; for a TransformerBridge, with the transformers modules back in their places until the block ends (after checking on a probe that the bridge's run equals them); a native bridge in training mode is read as in eval mode when none of its modules reads the flag."
     hf = unwrap(model)
     if hf is model or not _from(model, 'transformer_lens'):
         yield hf; return
-    swaps = _swap_originals(hf)
-    try:
-        _probe(model, hf, swaps)
-        yield hf
-    finally: _undo(swaps)
+    with ExitStack() as st:
+        if isinstance(hf, _NativeView): st.enter_context(_as_eval(hf.model))
+        swaps = _swap_originals(hf)
+        try:
+            _probe(model, hf, swaps)
+            yield hf
+        finally: _undo(swaps)
 
 # %% ../nbs/11aa_wrappers.ipynb #wrap061
 _KEEP = (bool, int, float, str, type(None))
@@ -173,6 +175,28 @@ def _native_config(cfg):
     c = PretrainedConfig(**_native_fields(cfg))
     c.model_type = 'transformer_lens_native'
     return c
+
+_FLAG_FREE = (nn.Linear, nn.Embedding, nn.LayerNorm, nn.Identity,
+              nn.ModuleList, nn.ModuleDict)
+_DROPOUTS = ('dropout', 'attn_dropout', 'attention_dropout', 'hidden_dropout')
+
+def _flag_free(m: nn.Module) -> bool:
+    "Does m compute the same in training mode (no dropout of any kind)?"
+    return (isinstance(m, _FLAG_FREE) or _from(m, 'transformer_lens')
+            and 'Dropout' not in type(m).__name__
+            and not any(getattr(m, k, None) for k in _DROPOUTS))
+
+@contextmanager
+def _as_eval(native: nn.Module):
+    """Training flags off inside (put back after) when no module of the
+    native model, components included, reads them: `boot_native` returns
+    its bridge in training mode, which changes none of its numbers."""
+    mods = [m for m in native.modules() if m.training]
+    if not all(_flag_free(m) for m in native.modules()): mods = []
+    for m in mods: m.training = False
+    try: yield
+    finally:
+        for m in mods: m.training = True
 
 def _original(m: nn.Module) -> nn.Module:
     "The module a TransformerLens component stands in for (m if none)."
@@ -208,10 +232,11 @@ class _NativeView(nn.Module):
         "On the native model; its keyword output_attentions (unread) dropped."
         def pre(m, args, kwargs):
             kwargs.pop('output_attentions', None)     # NativeModel ignores it
-            return hook(self, args, kwargs)
+            with _as_eval(self.model): return hook(self, args, kwargs)
+        def plain(m, args):
+            with _as_eval(self.model): return hook(self, args)
         if not with_kwargs:
-            return self.model.register_forward_pre_hook(
-                lambda m, args: hook(self, args), **kw)
+            return self.model.register_forward_pre_hook(plain, **kw)
         return self.model.register_forward_pre_hook(pre, with_kwargs=True, **kw)
     def register_forward_hook(self, hook, *, with_kwargs=False, **kw):
         "On the native model, its output (logits) seen as the view's."

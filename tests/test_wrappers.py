@@ -273,8 +273,6 @@ def test_native_refusals():
     with pytest.raises(TypeError, match="logits differ by"):   # float32 norm
         context_patches(native(None, act_fn='gelu', normalization_type='LNPre'),
                         C, x)
-    with pytest.raises(ValueError, match="training mode.*eval"):
-        context_patches(native('gpt2').train(), C, x)
     br = native('gpt2')
     P = context_patches(br, C, x)
     w = br.original_model.layers[0].mlp.fc_in.weight
@@ -282,3 +280,22 @@ def test_native_refusals():
         with patched(br, P), torch.no_grad():
             w.add_(1.)                             # a write the check must see
             br(x)
+
+
+def test_native_training_mode_reads_as_eval():
+    """boot_native returns its bridge in training mode, which changes none of
+    its numbers (no dropout anywhere): the same patches as after .eval(),
+    patched runs exact, the flags put back; a module that does read the flag
+    (a dropout) keeps the refusal."""
+    C, x = ids(1, 6, 8), ids(1, 2, 9)
+    br = native('llama').train()
+    P, Q = context_patches(br, C, x), context_patches(native('llama'), C, x)
+    assert all(torch.equal(r.u, s.u) and torch.equal(r.v, s.v)
+               for la, lb in zip(P.layers, Q.layers) for r, s in zip(la.dW, lb.dW))
+    with torch.no_grad(), patched(br, P):
+        out = br(x)
+    assert rel_err(out, br(torch.cat([C, x], 1))[:, 6:]) <= 1e-10
+    assert all(m.training for m in br.modules())
+    br.original_model.layers[0].mlp.add_module('drop', torch.nn.Dropout(0.1))
+    with pytest.raises(ValueError, match="training mode.*eval"):
+        context_patches(br, C, x)
