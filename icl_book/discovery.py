@@ -163,6 +163,22 @@ def _moe_join(R, b, cfg, out, M: str) -> Optional[dict]:
 
 
 # %% ../nbs/11ab_discovery.ipynb #discov009a3
+def _rounded_out(y) -> bool:
+    "Whether a float64 output holds float32 numbers only (rounded there)."
+    return (y.dtype == torch.float64 and bool(y.abs().max() > 0)
+            and torch.equal(y, y.float().double()))
+
+def _why_rounded(b: nn.Module, M: str, cfg) -> str:
+    "The refusal of a MoE whose output is rounded to float32 in float64."
+    flags = [k for k, v in vars(cfg).items() if 'fp32' in k and v is True]
+    off = f" ({', '.join(f'{k}=False' for k in flags)})" if flags else ""
+    return (f"{type(b).__name__}: its mixture of experts ({M}) returns "
+            "float32 numbers even in this float64 model (its output is "
+            "rounded to float32), so its down projections cannot be told "
+            "from its first maps by a float64 probe, nor a patch checked to "
+            "1e-12: build the model with that rounding off" + off +
+            ", or use it in float32")
+
 def _moe(R, b, cfg, out, d) -> Optional[dict]:
     "A mixture of experts M (3-D expert weights) that the block adds."
     for M, mod in b.named_modules():
@@ -170,6 +186,7 @@ def _moe(R, b, cfg, out, d) -> Optional[dict]:
                 or not _positionwise(mod, R[M][0]): continue
         join = _moe_join(R, b, cfg, out, M)
         if join is None: continue
+        if _rounded_out(R[M][1]): raise TypeError(_why_rounded(b, M, cfg))
         first, last, tr = _moe_params(R, b, M, mod, d)
         if first and last:
             return dict(pattern='moe', first=first, last=last, moe=M,

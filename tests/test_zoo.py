@@ -281,3 +281,24 @@ def test_the_committed_counts_are_current(dynamics, root):
     assert key(old["rows"]) == key(dynamics), (
         "bench/zoo_dynamics.json is outdated: run pytest tests/test_zoo.py "
         "-m zoo -k one_pass and copy _build/zoo_dynamics.json there")
+
+
+def test_moe_rounded_to_float32_refused_with_the_flag():
+    """HY-V3 adds its routed and shared experts in float32 even in a float64
+    model (enable_moe_fp32_combine=True, its default): refused with that
+    flag named, not with a self-check failure; built with it off, exact."""
+    try:
+        m = zoo_model("hy_v3", "causal")
+    except Exception as e:                       # another transformers release
+        pytest.skip(f"hy_v3 is not buildable here: {e}")
+    g = torch.Generator().manual_seed(0)
+    C, x = (torch.randint(2, 97, (1, s), generator=g) for s in (5, 2))
+    with pytest.raises(TypeError, match="rounded to float32.*"
+                       "enable_moe_fp32_combine=False"):
+        patch_errors(m, C, x)
+    for mod in m.modules():                      # what the flag sets at build
+        if hasattr(mod, "enable_moe_fp32_combine"):
+            mod.enable_moe_fp32_combine = False
+    m.config.enable_moe_fp32_combine = False
+    e = patch_errors(m, C, x)
+    assert max(e["per_layer"]) <= 1e-12 and e["output"] <= 1e-10
