@@ -375,8 +375,9 @@ def plot_factors(runs: dict,   # `finetune_runs`
     for k, key in enumerate(('plain', 'preln')):
         r, name = runs[key], runs[key]['name']
         for ax, f in ((a, 'right_factor'), (b, 'left_factor')):
-            for vals, ls, lab in ((r['cos'][f], '-', _READER[name]),
-                                  (r['null'][f], ':', f'{_READER[name]}, null')):
+            short = _READER[name].split()[0]             # plain, Pre-LN
+            for vals, ls, lab in ((r['cos'][f], '-', short),
+                                  (r['null'][f], ':', f'{short}, null')):
                 ax.hist(vals.flatten().numpy(), bins.numpy(), density=True,
                         histtype='step', color=f'C{k}', ls=ls, label=lab)
     a.set(xlabel=r'right: $\cos(A_0, A(t_{i+1}))$', ylabel='density',
