@@ -189,11 +189,14 @@ def alignment(model,         # a one-block model (PreLNStack or PlainModel)
         moment_bound=right_factor_moment(G.v).norm().item())
     fs = function_space(imp, ex, k, seed)
     summary['function'] = {c: v for c, v in fs.items() if c[:3] != 'df_'}
-    pm0 = derangements(B, k, seed)[0]                        # for the figures
+    pms = derangements(B, k, seed)                           # for the figures
+    med = lambda c, pm: fns[c](pm).median(0).values          # per token (n,)
     return dict(cos={c: f(torch.arange(B)) for c, f in fns.items()},
-                null={c: f(pm0) for c, f in fns.items()},
+                null={c: f(pms[0]) for c, f in fns.items()},
+                null_medians={c: torch.stack([med(c, pm) for pm in pms])
+                              for c in cands},               # (k, n) each
                 df_implicit=fs['df_implicit'], df_explicit=fs['df_explicit'],
-                null_perm=pm0, summary=summary, h=imp.h)
+                null_perm=pms[0], summary=summary, h=imp.h)
 
 # %% ../../nbs/07_finetune.ipynb #562365aa
 def alignment_prompts(cfg: FinetuneConfig,  # a FinetuneConfig: tasks, seed
@@ -278,7 +281,9 @@ def layer_alignment(model,         # a PreLNStack (attn10)
     return out
 
 # %% ../../nbs/07_finetune.ipynb #d9db8e0a
-NAMES = {'example_grad': r'$\nabla\ell_{i+1}(W)$ (chosen)',
+_READER = {'plain1': 'plain one-block model',     # names for the reader
+           'attn1': 'Pre-LN one-block model', 'attn10': 'ten-block model'}
+NAMES = {'example_grad': r'example gradient $\nabla\ell_{i+1}(W)$',
          'sgd_step': 'SGD step', 'test_grad': 'test-loss gradient',
          'next_pred_grad': 'next-prediction gradient'}
 
@@ -298,24 +303,18 @@ def _plot_losses(ax, L: dict, title: str, legend: bool = True) -> None:
     if legend: _legend_below(ax)
 
 # %% ../../nbs/07_finetune.ipynb #01487587
-def _plot_cosines(ax, al: dict, title: str, q: tuple = (0.25, 0.75),
-                  legend: bool = True) -> None:
-    "Mean cosine per token of each candidate; band and null of the chosen one."
+def _plot_cosines(ax, al: dict, title: str, legend: bool = True) -> None:
+    "Median cosine per token of each candidate, over the null band."
+    nm = torch.cat([al['null_medians'][c] for c in NAMES])  # (4k, n)
+    i = torch.arange(nm.shape[1])                           # tokens
+    ax.fill_between(i, nm.min(0).values, nm.max(0).values, color='0.5',
+                    alpha=0.35, lw=0, label='null band (unrelated tasks)')
     for k, (name, lab) in enumerate(NAMES.items()):
-        cos, null = al['cos'][name], al['null'][name]
-        i = torch.arange(cos.shape[1])
-        ax.plot(i, cos.mean(0), color=f'C{k}', lw=2 if k == 0 else 1, label=lab)
-        if k: continue
-        ax.fill_between(i, cos.quantile(q[0], 0), cos.quantile(q[1], 0),
-                        color='C0', alpha=0.2, lw=0)
-        ax.plot(i, null.mean(0), color='0.4', ls=':', lw=1.5,
-                label='null (deranged tasks)')
-        ax.fill_between(i, null.quantile(q[0], 0), null.quantile(q[1], 0),
-                        color='0.5', alpha=0.2, lw=0)
+        med = al['cos'][name].median(0).values              # (n,)
+        ax.plot(i, med, color=f'C{k}', lw=2 if k == 0 else 1.3, label=lab)
     ax.axhline(0, color='k', lw=0.5)
-    ax.set(ylim=(-0.3, 1), xlabel='token $i$', ylabel=r'$\cos(D_i, -\nabla)$',
-           title=title)
-    ax.set_yscale('symlog', linthresh=1e-2)
+    ax.set(xlabel='token $i$', title=title,
+           ylabel=r'median over tasks of $\cos(D_i, -\nabla)$')
     if legend: _legend_below(ax)
 
 # %% ../../nbs/07_finetune.ipynb #0973b347
@@ -354,10 +353,11 @@ def plot_finetuning(losses: dict,       # `loss_curves` per checkpoint name
     own = row == 'function'                      # its labels differ per panel
     for ax, key in zip(axes, ('plain', 'preln')):
         r, n = runs[key], runs[key]['name']
-        if row == 'loss': _plot_losses(ax, losses[n], f'{n}: test loss', own)
-        elif row == 'cosine': _plot_cosines(ax, r, f'{n}: per token', legend=own)
-        else: _plot_function(ax, r, f'{n}: prediction')
-    if not own: fig.legend(*axes[0].get_legend_handles_labels(), ncol=3,
+        title = _READER.get(n, n)
+        if row == 'loss': _plot_losses(ax, losses[n], title, own)
+        elif row == 'cosine': _plot_cosines(ax, r, title, legend=own)
+        else: _plot_function(ax, r, title)
+    if not own: fig.legend(*axes[0].get_legend_handles_labels(), ncol=2,
                            loc='lower center', fontsize=11, frameon=False)
     fig.tight_layout(rect=(0, 0 if own else 0.15, 1, 1)); return fig
 
@@ -375,8 +375,9 @@ def plot_factors(runs: dict,   # `finetune_runs`
     for k, key in enumerate(('plain', 'preln')):
         r, name = runs[key], runs[key]['name']
         for ax, f in ((a, 'right_factor'), (b, 'left_factor')):
-            for vals, ls, lab in ((r['cos'][f], '-', name),
-                                  (r['null'][f], ':', f'{name}, null')):
+            short = _READER[name].split()[0]             # plain, Pre-LN
+            for vals, ls, lab in ((r['cos'][f], '-', short),
+                                  (r['null'][f], ':', f'{short}, null')):
                 ax.hist(vals.flatten().numpy(), bins.numpy(), density=True,
                         histtype='step', color=f'C{k}', ls=ls, label=lab)
     a.set(xlabel=r'right: $\cos(A_0, A(t_{i+1}))$', ylabel='density',
@@ -389,7 +390,7 @@ def plot_factors(runs: dict,   # `finetune_runs`
                color='0.5', capsize=3, label='null ± 2 sd')
     c.plot(l, layers['median'], 'C0o-', ms=4, label='median cosine')
     c.axhline(0, color='k', lw=0.5)
-    c.set(xlabel=r'block $\ell$', title='(c) attn10, layer by layer',
+    c.set(xlabel=r'block $\ell$', title='(c) the ten-block model, block by block',
           ylabel=r'$\cos(D^{(\ell)}_i, -\nabla_{W_\ell}\ell_{i+1})$')
     _legend_below(c); fig.tight_layout(h_pad=1.5, w_pad=2)
     return fig

@@ -48,16 +48,18 @@ def plot_token_updates(U: torch.Tensor,  # steps (n, L), from token_updates
                       ) -> plt.Figure:
     "Figure: heatmap of log10 ||ΔW step|| over context tokens × layers."
     set_style()
-    n, L = U.shape
-    fig, ax = plt.subplots(figsize=(min(7.6, 2 + 0.3 * n), 4.4))  # page width
-    im = ax.imshow(U.T.double().clamp_min(1e-30).log10().numpy(),
-                   aspect='auto', origin='lower', cmap='magma')
-    ax.set_xticks(range(n), [repr(s)[1:-1] for s in labels], rotation=90,
-                  fontsize=8)
-    ax.set(ylabel='layer', xlabel='context token $c_i$')
-    ax.set_yticks(range(0, L, 5)); ax.grid(False)       # layers from 0
-    fig.colorbar(im, ax=ax,
-                 label=r'$\log_{10}\|\Delta W_i - \Delta W_{i-1}\|_F$')
+    n, L = U.shape                      # tokens read top to bottom, as text
+    fig, ax = plt.subplots(figsize=(7.6, max(4.4, 1.2 + 0.24 * n)))
+    im = ax.imshow(U.double().clamp_min(1e-30).log10().numpy(),
+                   aspect='auto', cmap='magma')
+    ax.set_yticks(range(n), [repr(s)[1:-1] for s in labels], fontsize=11)
+    ax.set_xlabel('layer', fontsize=12)
+    ax.set_ylabel('context token $c_i$', fontsize=12)
+    ax.set_xticks(range(0, L, 5)); ax.grid(False)       # layers from 0
+    ax.tick_params(labelsize=11)
+    bar = fig.colorbar(im, ax=ax)
+    bar.set_label(r'$\log_{10}\|\Delta W_i - \Delta W_{i-1}\|_F$', fontsize=12)
+    bar.ax.tick_params(labelsize=11)
     fig.tight_layout()
     return fig
 

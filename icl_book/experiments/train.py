@@ -12,6 +12,9 @@ import matplotlib.pyplot as plt
 from .core import set_style
 
 # %% ../../nbs/05a_train.ipynb #769a2ec3
+_READER = {'attn10': 'ten-block', 'attn1': 'one-block attention',
+           'gru1': 'GRU', 'lstm1': 'LSTM', 'plain1': 'plain one-block'}
+
 def plot_training(logs: dict,  # load_log(name) per checkpoint name
                   ref: dict    # test MSE of 'ridge' and 'zero' on the same prompts
                  ):
@@ -20,7 +23,8 @@ def plot_training(logs: dict,  # load_log(name) per checkpoint name
     fig, ax = plt.subplots(figsize=(8, 4))
     for k, (name, rec) in enumerate(logs.items()):
         lg = rec['log']
-        ax.plot(lg['step'], lg['test_ctx'], color=f'C{k}', label=name)
+        ax.plot(lg['step'], lg['test_ctx'], color=f'C{k}',
+                label=_READER.get(name, name))
     ax.axhline(ref['ridge'], color='k', ls='-.', lw=1, label='ridge (Bayes)')
     ax.axhline(ref['zero'], color='k', ls=':', lw=1, label='predict 0')
     ax.set(yscale='log', xlabel='training step', ylabel='test MSE (with context)')
