@@ -64,7 +64,9 @@ def main():
                               cli_wall_s=res['wall_s'], load_s=res['load_s'],
                               loadavg=[round(load0, 1),
                                        round(os.getloadavg()[0], 1)],
-                              rank=res['adapter_rank'][0],
+                              rank=(res['adapter_rank'] if isinstance(
+                                  res['adapter_rank'], int)
+                                  else res['adapter_rank'][0]),
                               numel=res['adapter_numel'], **check(task, d))),
               flush=True)
 
