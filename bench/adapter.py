@@ -4,12 +4,14 @@
 
 For each task: the wall seconds of `python -m icl_book compress --task T --out
 DIR` (a fresh process; the SmolLM2 weights cached), the load average beside it
-(the machine's other work slows it), then PeftModel.from_pretrained(base, DIR)
+(the machine's other work slows it), the CPU seconds the command used (user +
+system, its own work whatever the load: with --threads 1 a lower bound of its
+wall time on one free core), then PeftModel.from_pretrained(base, DIR)
 against `with c.applied(base)` of DIR/compressed.pt: the relative logit error
 ‖PEFT − native‖ / ‖native‖ on the start token + each held-out query, and
 whether greedy continuations (6 tokens) are the same. One JSON line per task.
 """
-import argparse, copy, json, os, subprocess, sys, tempfile, time
+import argparse, copy, json, os, resource, subprocess, sys, tempfile, time
 from pathlib import Path
 
 import torch
@@ -41,22 +43,30 @@ def check(task: str, d: Path) -> dict:
 def main():
     p = argparse.ArgumentParser()
     p.add_argument('--task', action='append', required=True)
+    p.add_argument('--threads', type=int, default=None)
     a = p.parse_args()
     for task in a.task:
         d = Path(tempfile.mkdtemp()) / 'adapter'
         load0 = os.getloadavg()[0]
-        t0 = time.perf_counter()
+        ru = lambda: (lambda u: u.ru_utime + u.ru_stime)(
+            resource.getrusage(resource.RUSAGE_CHILDREN))
+        t0, c0 = time.perf_counter(), ru()
         r = subprocess.run([sys.executable, '-m', 'icl_book', 'compress',
-                            '--task', task, '--out', str(d), '--quiet'],
+                            '--task', task, '--out', str(d), '--quiet'] + (
+                                [] if a.threads is None else
+                                ['--threads', str(a.threads)]),
                            capture_output=True, text=True)
-        wall = time.perf_counter() - t0
+        wall, cpu = time.perf_counter() - t0, ru() - c0
         if r.returncode: raise SystemExit(r.stderr)
         res = json.loads(r.stdout.strip().splitlines()[-1])
         print(json.dumps(dict(task=task, wall_s=round(wall, 1),
+                              cpu_s=round(cpu, 1),
                               cli_wall_s=res['wall_s'], load_s=res['load_s'],
                               loadavg=[round(load0, 1),
                                        round(os.getloadavg()[0], 1)],
-                              rank=res['adapter_rank'][0],
+                              rank=(res['adapter_rank'] if isinstance(
+                                  res['adapter_rank'], int)
+                                  else res['adapter_rank'][0]),
                               numel=res['adapter_numel'], **check(task, d))),
               flush=True)
 

@@ -834,6 +834,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                      'icl_book.lm_thought._per_layer': ('lm_thought.html#_per_layer', 'icl_book/lm_thought.py'),
                                      'icl_book.lm_thought._ridge': ('lm_thought.html#_ridge', 'icl_book/lm_thought.py'),
                                      'icl_book.lm_thought._shapes': ('lm_thought.html#_shapes', 'icl_book/lm_thought.py'),
+                                     'icl_book.lm_thought._top_eigvecs': ('lm_thought.html#_top_eigvecs', 'icl_book/lm_thought.py'),
                                      'icl_book.lm_thought._top_outputs': ('lm_thought.html#_top_outputs', 'icl_book/lm_thought.py'),
                                      'icl_book.lm_thought.after_prompt': ('lm_thought.html#after_prompt', 'icl_book/lm_thought.py'),
                                      'icl_book.lm_thought.budget_rank': ('lm_thought.html#budget_rank', 'icl_book/lm_thought.py'),

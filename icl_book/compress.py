@@ -33,9 +33,9 @@ from .baselines import (
     vector_patch_logprobs)
 
 # %% auto #0
-__all__ = ['METHODS', 'VARIANTS', 'TV', 'BUDGETED', 'ADAPTER', 'TASK_SIZES', 'LEAST_SIZES', 'CompressConfig', 'variant',
-           'variant_ranks', 'fit_variant', 'Compressed', 'evaluate', 'compress', 'fit_adapter', 'named_metrics',
-           'task_sizes', 'run_compress', 'add_compress_parser']
+__all__ = ['METHODS', 'VARIANTS', 'TV', 'BUDGETED', 'ADAPTER', 'ADAPTER_RANK', 'TASK_SIZES', 'LEAST_SIZES', 'CompressConfig',
+           'variant', 'variant_ranks', 'fit_variant', 'Compressed', 'evaluate', 'compress', 'fit_adapter',
+           'named_metrics', 'task_sizes', 'run_compress', 'add_compress_parser']
 
 # %% ../nbs/11d_compress.ipynb #cf1cfg
 METHODS = (        # floor and ceiling, then the compressions of the prompt
@@ -56,6 +56,7 @@ class CompressConfig(SplitConfig):
     budgeted: Optional[tuple] = None   # ... only these of them (None: all)
     max_tokens: int = 2048      # prompt + longest query: refused beyond
     adapter: bool = False       # ... and the variant to_peft exports
+    adapter_variant: Optional[str] = None   # that one (None: rank | budget)
 
 # %% ../nbs/11d_compress.ipynb #dcee3bc7
 VARIANTS = {            # name: (kind, rank, ridge or None = cfg.lam, first)
@@ -74,6 +75,7 @@ TV = 'task vector + '      # the protocol's task vector, a patch on top
 BUDGETED = _EVEN + tuple(TV + v for v in _EVEN)
 _RANKED = ('lstsq', 'lstsq_out', 'lstsq_mlp')
 ADAPTER = 'adapter'   # the kind a LoRA is: 'adapter', ' budget', ' rrrR'
+ADAPTER_RANK = 32     # compress --out's default: the rank-32 optimum per layer
 
 def variant(name: str,   # in VARIANTS or BUDGETED, or 'KIND rrrR'
             ) -> tuple:
@@ -305,7 +307,7 @@ def to_peft(self: Compressed, directory,   # the adapter's folder (created if ab
             f"the {self.method} {self.kind!r} cannot be a LoRA adapter: "
             f"{why}. The variants that export are {ADAPTER!r}, "
             f"{ADAPTER + ' budget'!r} and {ADAPTER + ' rrrR'!r} (compress "
-            f"--out fits {ADAPTER + ' budget'!r})")
+            f"--out fits '{ADAPTER} rrr{ADAPTER_RANK}' by default)")
     mods = self.info.get('peft') if model is None else _peft_modules(model)
     tp = self.patch
     if mods is None or len(mods['last']) != len(tp.M_out):
@@ -346,16 +348,18 @@ def _patch_names(model, cfg: CompressConfig, n: int) -> tuple:
         B, want = budget_numbers(model, cfg.budget, n), cfg.budgeted
         if want is not None and (not want or set(want) - set(BUDGETED)):
             raise ValueError(f"budgeted: some of {BUDGETED}, got {want!r}")
-        ok = [v for v in list(want or BUDGETED) + [ADAPTER + ' budget'] * (
-            cfg.adapter) if _fits(model, v, B)]
+        ok = [v for v in list(want or BUDGETED) + [
+            cfg.adapter_variant or ADAPTER + ' budget'] * cfg.adapter
+              if _fits(model, v, B)]
         if not ok: budget_ranks(model, B, 'lstsq_mlp')   # raises: too small
         return ok, B
     if r is not None and (isinstance(r, bool) or not isinstance(r, int)
                           or r < 1):
         raise ValueError(f"the rank must be an integer >= 1, got {r!r}")
     if r is None: return [v for v in cfg.variants if v != 'thought vector'
-                          ] + [ADAPTER] * cfg.adapter, r
-    return [f'lstsq_out rrr{r}'] + [f'{ADAPTER} rrr{r}'] * cfg.adapter, None
+                          ] + [cfg.adapter_variant or ADAPTER] * cfg.adapter, r
+    return [f'lstsq_out rrr{r}'] + [
+        cfg.adapter_variant or f'{ADAPTER} rrr{r}'] * cfg.adapter, None
 
 def _fits(model, name: str, B: int) -> bool:
     try: return variant_ranks(model, name, B) is not None
@@ -561,17 +565,25 @@ def _adapter_name(model, cfg: CompressConfig, n: int) -> tuple:
     if r is not None and (isinstance(r, bool) or not isinstance(r, int)
                           or r < 1):
         raise ValueError(f"the rank must be an integer >= 1, got {r!r}")
-    return (ADAPTER if r is None else f'{ADAPTER} rrr{r}'), None
+    if r is None and cfg.adapter_variant is not None:
+        if variant(cfg.adapter_variant)[0] != ADAPTER or 'budget' in (
+                cfg.adapter_variant):
+            raise ValueError(f"adapter_variant: {ADAPTER!r} or "
+                             f"'{ADAPTER} rrrR', got {cfg.adapter_variant!r}")
+        return cfg.adapter_variant, None
+    return (f'{ADAPTER} rrr{ADAPTER_RANK}' if r is None
+            else f'{ADAPTER} rrr{r}'), None
 
 def fit_adapter(model,   # a supported transformers model (SmolLM2)
                 tok,     # its tokenizer
                 task,    # a name in TASKS, a JSON file or a list of pairs
                 cfg: CompressConfig = None,  # shots, n_cal, rank | budget
+                             # (neither: rank ADAPTER_RANK)
                 verbose: bool = False,   # progress on stderr
                 ) -> Compressed:
     "The prompt of `task` as an adapter (`to_peft`), with no benchmark run."
     # cfg.n_val, cfg.n_test: held out of the fit, not run
-    cfg = cfg or CompressConfig(budget='kv/10')
+    cfg = cfg or CompressConfig()
     td = encode_task(tok, task, cfg)
     check_length(model, td, cfg.max_tokens)
     n = td.prompt.shape[1]
@@ -686,11 +698,15 @@ def run_compress(a: argparse.Namespace,   # add_compress_parser's arguments
     sizes = task_sizes(len(load_task(a.task)), dict(     # before the model
         shots=a.shots, n_cal=a.calibration, n_val=a.validation,
         n_test=a.test), fast)
-    budget = {None: None if a.rank else 'kv/10', 'none': None}.get(
-        a.budget, a.budget)               # default: a tenth of the KV cache
+    budget = {None: None if a.rank or fast else 'kv/10', 'none': None}.get(
+        a.budget, a.budget)    # the benchmark's: a tenth of the KV cache
+    ad = (f'{ADAPTER} rrr{a.rank}' if a.rank else ADAPTER if (
+        a.budget == 'none') else f'{ADAPTER} rrr{ADAPTER_RANK}' if (
+        a.budget is None) else None)      # None: the budget's
     cfg = CompressConfig(**sizes, seed=a.seed, template=a.template,
                          rank=a.rank, budget=budget, max_tokens=a.max_tokens,
-                         n_aie=a.aie_prompts, adapter=a.out is not None)
+                         n_aie=a.aie_prompts, adapter=a.out is not None,
+                         adapter_variant=ad if a.out is not None else None)
     say = lambda m: a.quiet or print(m, file=sys.stderr, flush=True)
     threads, t0 = _threads(a.threads), time.perf_counter()
     say("loading SmolLM2 ...")
@@ -760,12 +776,14 @@ def add_compress_parser(subparsers,   # ArgumentParser().add_subparsers()
                    'file (default: none)')
     p.add_argument('--methods', nargs='+', choices=METHODS, default=None,
                    help='benchmark: run only these (default: all)')
-    p.add_argument('--rank', type=int, default=None, help='thought patch: '
-                   'the optimal patch of this rank on every layer (default: '
-                   'none, a budget)')
+    p.add_argument('--rank', type=int, default=None, help='thought patch '
+                   'and adapter: the optimal patch of this rank on every '
+                   f'layer (default: the adapter {ADAPTER_RANK}, the '
+                   'benchmark\'s patch a budget)')
     p.add_argument('--budget', type=_budget_arg, default=None, help='thought'
-                   ' patch: numbers it may store, N or kv/N (the KV cache / N;'
-                   ' default: kv/10, without --rank), or none (full rank)')
+                   ' patch and adapter: numbers it may store, N or kv/N (the '
+                   'KV cache / N; default: the benchmark\'s patch kv/10, the '
+                   f'adapter rank {ADAPTER_RANK}), or none (full rank)')
     p.add_argument('--aie-prompts', type=int, default=25, help='function '
                    'vector: shuffled-label prompts for the head effects')
     p.add_argument('--max-tokens', type=int, default=2048,

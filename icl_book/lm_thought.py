@@ -99,11 +99,16 @@ def _top_outputs(M, Ac, lam: float, r: int) -> torch.Tensor:
             d, dtype=Ac.dtype))
         B = w.clamp(min=0).sqrt()[:, None] * (Q.T @ M.T)
         C = B @ B.T                                          # (d, d)
+    U, s2 = _top_eigvecs(C, r, values=True)
+    if H > d: U = (B.T @ U) / s2[:U.shape[1]].sqrt()
+    return U
+
+def _top_eigvecs(C, r: int, values: bool = False):
+    "The top-r eigenvectors of the PSD C (fewer where its rank is < r)."
     s2, U = torch.linalg.eigh((C + C.T) / 2)
     s2, U = s2.flip(0)[:r], U.flip(1)[:, :r]
     U = U[:, s2 > s2[0].clamp(min=0) * 1e-13]                   # rank < r
-    if H > d: U = (B.T @ U) / s2[:U.shape[1]].sqrt()
-    return U
+    return (U, s2) if values else U
 
 def reduced_rank_fit(A: torch.Tensor,   # (K, d) inputs a_k
                      V: torch.Tensor,   # (K, H) targets u_k
@@ -116,12 +121,19 @@ def reduced_rank_fit(A: torch.Tensor,   # (K, d) inputs a_k
     a_bar, v_bar = (A64.mean(0), V64.mean(0)) if bias else (0., 0.)
     Ac, Vc = A64 - a_bar, V64 - v_bar
     K, d = Ac.shape
+    H, cut = V.shape[1], rank is not None and rank < min(V.shape[1], d)
     if lam > 0 and K < d:              # the dual: Acᵀ (Ac Acᵀ + λI)⁻¹ Vc
-        L = torch.linalg.cholesky(Ac @ Ac.T + lam * torch.eye(
-            K, dtype=torch.float64))
-        M = (Ac.T @ torch.cholesky_solve(Vc, L)).T
+        G = Ac @ Ac.T                                          # (K, K)
+        Z = torch.cholesky_solve(Vc, torch.linalg.cholesky(
+            G + lam * torch.eye(K, dtype=torch.float64)))      # (K, H)
+        if cut and H <= d:       # M G Mᵀ = FᵀF + λ ZᵀF, F = G Z: K-sized
+            F = G @ Z
+            U = _top_eigvecs(F.T @ (F + lam * Z), rank)
+            M = U @ ((Z @ U).T @ Ac)                   # U Uᵀ M, M = ZᵀAc
+            cut = False
+        else: M = (Ac.T @ Z).T
     else: M = fit_linear_patch(A64, V64, lam=lam, bias=bias)[0]
-    if rank is not None and rank < min(M.shape):
+    if cut:
         U = _top_outputs(M, Ac, lam, rank)
         M = U @ (U.T @ M)
     if not bias: return M.to(A.dtype), None     # through the origin

@@ -335,7 +335,8 @@ def test_smollm2_end_to_end():
     model, tok = load_pretrained("smollm2")
     cfg = C.CompressConfig(shots=5, n_cal=12, n_val=6, n_test=12, stride=10,
                            n_aie=1, variants=("lstsq_out r1",))
-    res, objs = C.evaluate(model, tok, "present-past", cfg)
+    res, objs = C.evaluate(model, tok, "present-past", cfg, methods=(
+        "zero_shot", "icl", "task_vector", "thought_patch"))  # fv: on tiny
     assert res["icl"] >= 0.5 > res["zero_shot"]          # the prompt matters
     assert res["numel"]["task_vector"] == 576
     assert res["numel"]["icl"] == res["prompt_tokens"] * 30 * 2 * 3 * 64
@@ -587,12 +588,26 @@ def test_cli_progress_on_stderr_and_last_stdout_line_is_json(tmp_path):
     assert res["cli_seconds"] + half >= res["wall_s"] >= max(secs.values())
 
 
-def test_cli_save_is_checked_before_any_work(tmp_path):
-    out = _cli(tmp_path, "--save", str(tmp_path / "no" / "such" / "tp.pt"),
-               boom=True)
-    assert out.returncode == 2
-    assert "does not exist" in out.stderr and "Traceback" not in out.stderr
-    assert "the model was loaded" not in out.stderr
+def _main_refused(monkeypatch, capsys, *argv):
+    "main(argv) in this process, the model's loading an error: (code, stderr)."
+    from icl_book.__main__ import main
+
+    def boom(name):
+        raise AssertionError("the model was loaded")
+    monkeypatch.setattr(C, "load_pretrained", boom)
+    with pytest.raises(SystemExit) as e:
+        main(list(argv))
+    return e.value.code, capsys.readouterr().err
+
+
+def test_cli_save_is_checked_before_any_work(tmp_path, monkeypatch, capsys):
+    f = tmp_path / "reverse.json"
+    f.write_text(json.dumps(PAIRS))
+    code, err = _main_refused(
+        monkeypatch, capsys, "compress", "--task", str(f), "--shots", "3",
+        "--calibration", "6", "--validation", "4", "--test", "5",
+        "--save", str(tmp_path / "no" / "such" / "tp.pt"))
+    assert code == 2 and "does not exist" in err
 
 
 # ---- the protocol runs only what the methods asked for need ----------------
@@ -709,6 +724,7 @@ def test_cli_out_writes_the_adapter_without_the_benchmark(tmp_path):
         assert stage not in out.stderr, stage          # no benchmark
     res = json.loads(out.stdout.strip().splitlines()[-1])
     assert res["benchmark"] is False and "icl" not in res
+    assert res["adapter_variant"] == f"adapter rrr{C.ADAPTER_RANK}"
     assert sorted(p.name for p in d.iterdir()) == res["adapter_files"] == [
         "adapter_config.json", "adapter_model.safetensors", "compressed.pt"]
     c = C.Compressed.load(d / "compressed.pt")
@@ -726,20 +742,15 @@ def test_cli_out_writes_the_adapter_without_the_benchmark(tmp_path):
     assert _rel(got, want) <= 1e-10
 
 
-def test_cli_small_task_refused_before_the_model_loads(tmp_path):
+def test_cli_small_task_refused_before_the_model_loads(tmp_path, monkeypatch,
+                                                      capsys):
     f = tmp_path / "few.json"
     least = C.LEAST_SIZES["shots"] + C.LEAST_SIZES["n_cal"] + 2     # + 1 val, 1 test
     f.write_text(json.dumps([dict(input=f"w{i}", output=f"v{i}")
                              for i in range(least - 1)]))
-    code = _MAIN.format(tests=str(Path(__file__).parent), boom=True)
-    env = dict(os.environ, PYTHONPATH=str(Path(__file__).parents[1]))
-    out = subprocess.run([sys.executable, "-c", code, "compress", "--task",
-                          str(f), "--out", str(tmp_path / "a")],
-                         capture_output=True, text=True, timeout=300,
-                         env=env)
-    assert out.returncode == 2, out.stderr[-2000:]
-    assert f"needs at least {least}" in out.stderr
-    assert "the model was loaded" not in out.stderr
+    code, err = _main_refused(monkeypatch, capsys, "compress", "--task",
+                              str(f), "--out", str(tmp_path / "a"))
+    assert code == 2 and f"needs at least {least}" in err, err
 
 
 def test_sizes_scale_to_the_task():
