@@ -14,7 +14,7 @@ pytest.importorskip("transformers", reason="the hf extra is not installed")
 
 from icl_book.core import rel_err  # noqa: E402
 from icl_book.discovery import find_adapter  # noqa: E402
-from icl_book.experiments.discovery import zoo_model  # noqa: E402
+from icl_book.experiments.discovery import ZOO_TINY, zoo_model  # noqa: E402
 from icl_book.lm_dynamics import default_part, token_updates  # noqa: E402
 
 warnings.filterwarnings("ignore", module="transformers")
@@ -25,9 +25,21 @@ def ids():
     return tuple(torch.randint(2, 97, (1, s), generator=g) for s in (5, 2))
 
 
+# sizes the zoo's tiny configuration leaves at their defaults: Falcon-H1's
+# Mamba mixer (1024 channels, a state of 256, 128 heads) and Qwen3-Next's 512
+# experts (10 per token) and linear-attention heads of 128 cost a minute on
+# one core
+SMALLER = dict(mamba_d_ssm=64, mamba_n_heads=8, mamba_d_head=8,
+               mamba_d_state=16, mamba_chunk_size=16, num_experts=8,
+               linear_key_head_dim=8, linear_value_head_dim=8,
+               num_experts_per_tok=2, shared_expert_intermediate_size=16)
+
+
 @pytest.mark.parametrize("mt", ["jamba", "qwen3_next", "falcon_h1",
                                 "olmo_hybrid", "recurrent_gemma"])
-def test_a_recurrent_mixer_is_refused_and_the_loop_runs(mt):
+def test_a_recurrent_mixer_is_refused_and_the_loop_runs(mt, monkeypatch):
+    for k, v in SMALLER.items():
+        monkeypatch.setitem(ZOO_TINY, k, v)
     m = zoo_model(mt)
     C, x = ids()
     with pytest.raises(TypeError, match="recurrent state.*method='loop'"):
