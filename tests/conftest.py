@@ -163,6 +163,14 @@ def pytest_collection_finish(session):
         torch.set_num_threads(1)                      # one core each
 
 
+def pytest_runtest_setup(item):
+    "The build's core is free again once it has finished: give torch both back."
+    proc = _BUILD.get("proc")
+    if "threads" in _BUILD and proc is not None and proc.poll() is not None:
+        import torch
+        torch.set_num_threads(_BUILD.pop("threads"))
+
+
 def pytest_sessionfinish(session, exitstatus):
     _kill_build()                                   # stopped early (-x, Ctrl-C)
 
@@ -180,7 +188,7 @@ def book():
     rc = _BUILD["proc"].wait()
     if "threads" in _BUILD:                           # the build's core is free again
         import torch
-        torch.set_num_threads(_BUILD["threads"])
+        torch.set_num_threads(_BUILD.pop("threads"))
     _BUILD["log"].seek(0); log = _BUILD["log"].read()
     (ROOT / "_build").mkdir(exist_ok=True)
     log_file.write_text(log); rc_file.write_text(str(rc))
