@@ -245,3 +245,15 @@ def test_reproduce_rnn_convergence():
     assert keys <= set(res)
     att = res['attention_late_over_early']
     assert att < 0.5 * res['gru_late_over_early'] and att < 0.5 * res['lstm_late_over_early']
+
+
+# ----------------------------------------------------------------------------
+# bad input: a clear error (what was wrong, what to do), or a correct result
+from _inputs import BAD  # noqa: E402
+
+
+@pytest.mark.parametrize('case', list(BAD['experiments']))
+def test_bad_input_is_a_clear_error(case):
+    fn, exc, words = BAD['experiments'][case]
+    with pytest.raises(exc, match=words):
+        fn()

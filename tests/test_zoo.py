@@ -200,7 +200,8 @@ DYN_TOL, N_CTX = 1e-10, 5
 
 def _eager64(m):
     "Float64 softmax where transformers' eager attention would round it."
-    import test_lm_dynamics_families  # noqa: F401  registers 'eager64'
+    from conftest import register_eager64
+    register_eager64()
     if m.config._attn_implementation == "eager":
         m.set_attn_implementation("eager64")
     return m
@@ -220,7 +221,7 @@ def one_pass(mt, kind, m=None):
     from icl_book.hf import context_patches
     from icl_book.lm_dynamics import (default_part, prefix_patches,
                                       token_updates)
-    from test_lm_dynamics_families import patch_err
+    from conftest import patch_err
     row = dict(type=mt, kind=kind)
     m = _eager64(zoo_model(mt, kind) if m is None else m)
     g = torch.Generator().manual_seed(0)
