@@ -213,7 +213,7 @@ def exec_data(doc):
     return (meta.get(doc) or {}).get("exec_data")
 
 
-# --- helpers shared by the transformers tests (test_hf.py, test_hf_families.py)
+# --- helpers shared by the transformers tests (test_hf.py, test_families.py)
 def model_output(model, ids, **kw):
     "Logits of a causal LM, last hidden states of an encoder."
     import torch

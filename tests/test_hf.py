@@ -1,6 +1,6 @@
 """Exact context patches for transformers models (icl_book.hf), through the
 names icl_book.hf has always exported (the family-by-family tests are in
-tests/test_hf_families.py).
+tests/test_families.py).
 
 Random GPT-2 (Conv1D layout, learned positions), Llama (gated MLP, RoPE) and
 BERT (post-LN, with its masked-LM head) models built from configs always run; the real SmolLM2-135M

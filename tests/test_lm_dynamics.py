@@ -189,18 +189,17 @@ def test_bench_hf_trajectory_small(smollm2):
 
 
 @needs_smollm2
-def test_cli_bench_hf_trajectory_prints_one_json_line():
+def test_cli_bench_hf_trajectory_prints_one_json_line(smollm2, capsys):
+    "`icl-book bench hf-trajectory` in this process (SmolLM2 loaded once)."
     import json
-    import os
-    import subprocess
-    import sys
-    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
-    r = subprocess.run([sys.executable, "-m", "icl_book", "bench",
-                        "hf-trajectory", "--n", "8", "--repeats", "1"],
-                       capture_output=True, text=True, env=env, timeout=600)
-    assert r.returncode == 0, r.stderr[-2000:]
-    res = json.loads(r.stdout.strip().splitlines()[-1])
+    from icl_book.__main__ import main as cli_main
+    from icl_book.weights import load_pretrained
+    assert load_pretrained("smollm2")[0] is smollm2[0]      # no second load
+    got = cli_main(["bench", "hf-trajectory", "--n", "8", "--repeats", "1"])
+    res = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert res == json.loads(json.dumps(got))              # its result, printed
     assert res["n"] == 8 and res["max_rel_diff"] < 1e-5
+    assert res["model"] == "SmolLM2-135M-Instruct"
     assert {"speedup", "forward_ratio"} <= set(res)
 
 
