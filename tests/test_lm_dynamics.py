@@ -156,11 +156,13 @@ def test_weights_unchanged_after_an_error():
 @needs_smollm2
 def test_smollm2_one_pass_equals_loop_float32(smollm2):
     model, tok = smollm2
-    ids = random_ids(1, 17, 11, vocab=model.config.vocab_size)
+    ids = random_ids(1, 11, 11, vocab=model.config.vocab_size)
     before = {k: v.clone() for k, v in list(model.state_dict().items())[:6]}
-    U1 = token_updates(model, ids[:, :16], ids[:, 16:], chunk=6)
-    U0 = token_updates(model, ids[:, :16], ids[:, 16:], method='loop')
-    assert max(rel_err(U1[:, l], U0[:, l]) for l in range(30)) < 1e-5
+    U1 = token_updates(model, ids[:, :10], ids[:, 10:], chunk=4)   # 4 + 4 + 2
+    U0 = token_updates(model, ids[:, :10], ids[:, 10:], method='loop')
+    L = model.config.num_hidden_layers
+    assert U0.shape == (10, L)
+    assert max(rel_err(U1[:, l], U0[:, l]) for l in range(L)) < 1e-5
     after = model.state_dict()
     assert all(torch.equal(v, after[k]) for k, v in before.items())
 
@@ -189,13 +191,23 @@ def test_bench_hf_trajectory_small(smollm2):
 
 
 @needs_smollm2
-def test_cli_bench_hf_trajectory_prints_one_json_line(smollm2, capsys):
-    "`icl-book bench hf-trajectory` in this process (SmolLM2 loaded once)."
+def test_cli_bench_hf_trajectory_prints_one_json_line(smollm2, capsys, monkeypatch):
+    """`icl-book bench hf-trajectory` in this process (SmolLM2 loaded once):
+    the command passes its flags to bench_hf_trajectory and prints its result
+    as the last line; the benchmark times the loop on 2 prefixes here (its
+    numbers are checked by test_bench_hf_trajectory_small)."""
     import json
+    import icl_book.experiments.lm_dynamics as xlm
     from icl_book.__main__ import main as cli_main
     from icl_book.weights import load_pretrained
     assert load_pretrained("smollm2")[0] is smollm2[0]      # no second load
+    real, seen = xlm.bench_hf_trajectory, []
+    def bench(**kw):
+        seen.append(kw)
+        return real(**kw, loop_prefixes=2)
+    monkeypatch.setattr(xlm, "bench_hf_trajectory", bench)
     got = cli_main(["bench", "hf-trajectory", "--n", "8", "--repeats", "1"])
+    assert seen == [dict(n=8, seed=0, repeats=1)], seen
     res = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert res == json.loads(json.dumps(got))              # its result, printed
     assert res["n"] == 8 and res["max_rel_diff"] < 1e-5
