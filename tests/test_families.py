@@ -1,7 +1,12 @@
 """icl_book.families on a PEFT `PeftModel`: the records resolve on the model
 inside, a LoRA layer standing for the linear map it adapts; adapters the patch
 cannot read (DoRA, other tuner types, prompt learning) are refused with the
-remedy, merge_and_unload()."""
+remedy, merge_and_unload().
+
+Below, every described transformers family exact on random tiny configs
+(float64 and float32, several context and query lengths, padding, chunked
+feed-forwards, half precision, mixtures of experts, offloading), and the
+structural refusals of discovery."""
 import warnings
 
 import pytest

@@ -2,7 +2,12 @@
 MLP's first maps and on attention) the patches are computed against the
 effective maps W + s B A and applied beside the adapters (hooks) or written
 into the base weight and restored bit for bit; disable_adapter() inside
-patched is refused; pooled outputs that read a context position are refused."""
+patched is refused; pooled outputs that read a context position are refused.
+
+Below, patched's guards: heads that read outside the query, classifiers'
+padding, writes through `.data`, changed configurations, generation without a
+cache, nesting, threads, training mode, Ctrl-C at any instant, offloaded
+weights: each exact, or refused naming the cause (tiny random models)."""
 import copy
 import warnings
 

@@ -1,7 +1,11 @@
 """icl_book.hf_patch: mixtures whose router computes in float32 even in a
 float64 model (GLM-4-MoE, DeepSeek-V3, EXAONE-MoE, ...) are exact: the router
 keeps its weight and reads the patched input a + ΔA in a batch of the
-with-context run's shape, so its float32 logits are that run's bit for bit."""
+with-context run's shape, so its float32 logits are that run's bit for bit.
+
+Below, context_patches across configurations (padding, sliding windows, rope
+scalings, tied embeddings, context lengths, batches, precisions, heads,
+offloading): each exact to its dtype's round-off or refused with a reason."""
 import warnings
 
 import pytest

@@ -5,7 +5,10 @@ Random tiny models of three structural patterns always run: Llama (pre-norm,
 sequential, RoPE), GPT-2 (learned absolute positions, Conv1D) and GPT-NeoX
 with a parallel residual; float64 agreement to 1e-10 (relative, per layer
 patch and per column of steps). SmolLM2 (float32, 1e-5) skips when its wheel
-is absent.
+is absent. Below, every causal family the one pass describes (mixtures,
+sliding windows, ALiBi, parallel and post-norm blocks) and model types found
+by discovery (recurrent mixers, encoders, models without a cache): exact
+against the loop, or refused with the reason.
 """
 import pytest
 import torch
