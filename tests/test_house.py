@@ -31,6 +31,7 @@ def offenders(r: dict) -> dict:
         "no private name imported across modules": r["private_cross_imports"],
         "no plot_/bench_/reproduce_ in library modules": r["experiment_code_in_library"],
         "no function assigned to a class attribute after its body": r["methods_after_class"],
+        "every test file named after the module it checks": r["tests_not_named_after_a_module"],
     }
 
 
@@ -96,6 +97,8 @@ BREAKS = {
         "icl_book/core.py": "def f(x): return x\ndef bench_f(): pass\n"},
     "no function assigned to a class attribute after its body": {
         "icl_book/core.py": "class A:\n    pass\n\ndef f(x): return x\nA.f = f\n"},
+    "every test file named after the module it checks": {
+        "tests/test_edge_cases.py": "def test(): pass\n"},
 }
 
 EXPECTED = {   # what each message names
@@ -108,6 +111,7 @@ EXPECTED = {   # what each message names
     "no private name imported across modules": "blocks:1 core._f",
     "no plot_/bench_/reproduce_ in library modules": "core.bench_f",
     "no function assigned to a class attribute after its body": "core:5 A.f",
+    "every test file named after the module it checks": "test_edge_cases.py",
 }
 
 

@@ -12,6 +12,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = "icl_book"
 LIMITS = dict(module_lines=500, cell_lines=40)   # reported, not enforced: sizes follow the ideas
+# test files about the whole project; every other tests/test_X.py checks module X
+PROJECT_TESTS = {"book", "cli", "experiments", "house", "lock", "notebooks", "publish",
+                 "readme", "reproduction", "sync", "zoo"}
 
 
 def notebooks(nbs: Path) -> list:
@@ -132,6 +135,9 @@ def measure(root: Path = ROOT) -> dict:
                     and node.attr.startswith("_") and not node.attr.startswith("__") \
                     and node.value.id in _aliases(p, PKG):
                 private.append(f"{p.name}:{node.lineno} {node.value.id}.{node.attr}")
+    leaves = {m.split(".")[-1] for m in mods}
+    unnamed_tests = sorted(p.name for p in TESTS.glob("test_*.py")
+                           if p.stem[5:] not in leaves | PROJECT_TESTS)
     return dict(modules=len(mods), notebooks=sum(1 for *_, ts in nbs if ts),
                 modules_without_notebook=unexported,
                 cycles=cycles, forward_imports=forward, function_level_imports=inner,
@@ -139,6 +145,7 @@ def measure(root: Path = ROOT) -> dict:
                 getattr_forwarding=getattr_fwd, experiment_code_in_library=experiment_code, misnamed_notebooks=misnamed,
                 modules_over_500=big, cells_over_40=long_cells, private_test_imports=private,
                 private_cross_imports=private_cross, methods_after_class=late_methods,
+                tests_not_named_after_a_module=unnamed_tests,
                 library_lines=sum(len(p.read_text().splitlines()) for p in mods.values()))
 
 
