@@ -417,11 +417,11 @@ class _ReadsContext:
     def __torch_function__(cls, func, types, args=(), kwargs=None):
         next(a for a in (*args, *(kwargs or {}).values())
              if isinstance(a, cls)).refuse()
-
-for _op in ('getitem', 'iter', 'len', 'bool', 'float', 'int', 'array',
-            'add', 'radd', 'sub', 'rsub', 'mul', 'rmul', 'matmul', 'rmatmul',
-            'truediv', 'rtruediv', 'neg', 'abs', 'pow'):
-    setattr(_ReadsContext, f'__{_op}__', _ReadsContext.refuse)
+    # Python looks operators up on the class, past __getattr__: they refuse too
+    __getitem__ = __iter__ = __len__ = __bool__ = __float__ = __int__ = refuse
+    __array__ = __add__ = __radd__ = __sub__ = __rsub__ = __mul__ = refuse
+    __rmul__ = __matmul__ = __rmatmul__ = __truediv__ = __rtruediv__ = refuse
+    __neg__ = __abs__ = __pow__ = refuse
 
 _REFUSING = {}                  # output class -> its subclass that refuses
 

@@ -163,6 +163,14 @@ def pytest_collection_finish(session):
         torch.set_num_threads(1)                      # one core each
 
 
+def pytest_runtest_setup(item):
+    "The build's core is free again once it has finished: give torch both back."
+    proc = _BUILD.get("proc")
+    if "threads" in _BUILD and proc is not None and proc.poll() is not None:
+        import torch
+        torch.set_num_threads(_BUILD.pop("threads"))
+
+
 def pytest_sessionfinish(session, exitstatus):
     _kill_build()                                   # stopped early (-x, Ctrl-C)
 
@@ -180,7 +188,7 @@ def book():
     rc = _BUILD["proc"].wait()
     if "threads" in _BUILD:                           # the build's core is free again
         import torch
-        torch.set_num_threads(_BUILD["threads"])
+        torch.set_num_threads(_BUILD.pop("threads"))
     _BUILD["log"].seek(0); log = _BUILD["log"].read()
     (ROOT / "_build").mkdir(exist_ok=True)
     log_file.write_text(log); rc_file.write_text(str(rc))
@@ -205,7 +213,7 @@ def exec_data(doc):
     return (meta.get(doc) or {}).get("exec_data")
 
 
-# --- helpers shared by the transformers tests (test_hf.py, test_hf_families.py)
+# --- helpers shared by the transformers tests (test_hf.py, test_families.py)
 def model_output(model, ids, **kw):
     "Logits of a causal LM, last hidden states of an encoder."
     import torch
@@ -266,3 +274,45 @@ def dense_steps(ad, patches, part):
             for l in range(len(now))]))
         prev = now
     return torch.stack(rows)
+
+
+# --- float64 eager attention and patch comparison (test_lm_dynamics.py, test_zoo.py)
+def eager64(module, query, key, value, attention_mask, dropout=0.0,
+            scaling=None, softcap=None, **kw):
+    "Eager attention with its softmax in the inputs' dtype."
+    import torch
+    g = query.shape[1] // key.shape[1]
+    k, v = key.repeat_interleave(g, 1), value.repeat_interleave(g, 1)
+    s = query @ k.transpose(2, 3) * (module.head_dim ** -0.5
+                                     if scaling is None else scaling)
+    if softcap is not None:
+        s = softcap * torch.tanh(s / softcap)
+    if attention_mask is not None:
+        s = s + attention_mask
+    w = s.softmax(-1)
+    return (w @ v).transpose(1, 2).contiguous(), w
+
+
+def register_eager64():
+    "Register `eager64` with transformers' attention and mask interfaces (idempotent)."
+    from transformers import AttentionInterface, AttentionMaskInterface
+    from transformers.masking_utils import eager_mask
+    AttentionInterface.register("eager64", eager64)
+    AttentionMaskInterface.register("eager64", eager_mask)
+
+
+def patch_err(P, i, Q, l):
+    "Relative error of row i of P's layer-l patch (all parts) against Q's."
+    from icl_book.blocks import RankOne
+    a, b = P.layers[l], Q.layers[l]
+    num = den = 0.
+    pairs = list(zip(a.dW, b.dW)) + ([(a.dW_out, b.dW_out)]
+                                     if b.dW_out is not None else [])
+    for x, y in pairs:
+        ra, rb = RankOne(x.u[i], x.v[i]), RankOne(y.u[0], y.v[0])
+        num += (ra.diff_norm(rb) ** 2).sum()
+        den += (rb.norm() ** 2).sum()
+    if b.ds_post is not None:
+        num += ((a.ds_post[i] - b.ds_post[0]) ** 2).sum()
+        den += (b.ds_post[0] ** 2).sum()
+    return (num / den).sqrt().item()

@@ -112,3 +112,22 @@ def test_weights_and_inputs_must_share_dtype():
         check_weights(layer, torch.randn(1, 2, 4), "the stack")
     with pytest.raises(ValueError, match="the layer's weights are torch.float64 on cpu"):
         layer(None, torch.randn(1, 4))
+
+
+# ----------------------------------------------------------------------------
+# bad input: a clear error (what was wrong, what to do), or a correct result
+from _inputs import BAD, C, X, block, f64  # noqa: E402
+
+
+@pytest.mark.parametrize('case', list(BAD['blocks']))
+def test_bad_input_is_a_clear_error(case):
+    fn, exc, words = BAD['blocks'][case]
+    with pytest.raises(exc, match=words):
+        fn()
+
+
+def test_functional_patch_is_differentiable_in_dW():
+    "What is differentiable: block(C, x, dW=...) in dW; patched_weights refuses."
+    blk = block(); dW = torch.zeros(16, 8, dtype=f64, requires_grad=True)
+    blk(C, X, dW=dW).sum().backward()
+    assert dW.grad is not None and dW.grad.abs().sum() > 0

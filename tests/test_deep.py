@@ -329,3 +329,47 @@ def test_deep_patch_pickle_refused_deepcopy_kept(tmp_path):
     assert torch.equal(Q.apply(lm, x), P.apply(lm, x))
     Q.layers[0].dW.u.zero_()                           # the copy is its own
     assert not torch.equal(Q.apply(lm, x), P.apply(lm, x))
+
+
+# ----------------------------------------------------------------------------
+# bad input: a clear error (what was wrong, what to do), or a correct result
+from icl_book import core, deep  # noqa: E402
+from icl_book.__main__ import main as cli_main  # noqa: E402
+from _inputs import BAD, lm, patch_of, tokens  # noqa: E402
+
+
+@pytest.mark.parametrize('case', list(BAD['deep']))
+def test_bad_input_is_a_clear_error(case):
+    fn, exc, words = BAD['deep'][case]
+    with pytest.raises(exc, match=words):
+        fn()
+
+
+@pytest.mark.parametrize('args,words', [
+    (['verify', '--d-model', '0'], 'd_model'),
+    (['verify', '--d-mlp', '-1'], 'd_mlp'),
+    (['verify', '--seed', str(2**70)], 'seed'),
+])
+def test_cli_bad_numbers_are_a_message(args, words, capsys):
+    with pytest.raises(SystemExit) as e:
+        cli_main(args)
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and words in err and 'Traceback' not in err
+
+def test_tinylm_under_inplace_uses_the_query_positions():
+    model, Ct, xt = lm(), tokens(1, 6), tokens(1, 1, seed=1)
+    p = patch_of(model, Ct, xt)
+    with torch.no_grad():
+        ref = model(torch.cat([Ct, xt], 1))[:, -1:]
+        with p.inplace(model):
+            out = model(xt)                                  # no start=n
+            out_n = model(xt, start=6)
+        with pytest.raises(ValueError, match='start'):
+            with p.inplace(model): model(xt, start=2)
+        after = model(xt)
+    assert core.rel_err(out, ref) < 1e-12 and core.rel_err(out_n, ref) < 1e-12
+    assert core.rel_err(after, ref) > 1e-3                   # restored
+
+def test_verify_reports_what_it_ran():
+    r = deep.verify(layers=1, context=2, dtype='float64', d_model=8, heads=2, d_mlp=8)
+    assert type(r['layers']) is int and r['ok']

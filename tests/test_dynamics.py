@@ -282,3 +282,15 @@ def test_trajectories_refuse_weights_of_another_dtype():
     blk = make_block("softmax", d=8)
     with pytest.raises(ValueError, match="the model's weights are torch.float64"):
         block_trajectory(blk, C.float(), x.float())
+
+
+# ----------------------------------------------------------------------------
+# bad input: a clear error (what was wrong, what to do), or a correct result
+from _inputs import BAD  # noqa: E402
+
+
+@pytest.mark.parametrize('case', list(BAD['dynamics']))
+def test_bad_input_is_a_clear_error(case):
+    fn, exc, words = BAD['dynamics'][case]
+    with pytest.raises(exc, match=words):
+        fn()

@@ -13,7 +13,8 @@ import torch
 from icl_book.regression import (TaskConfig, baseline_predict, ols, query_mask, ridge,
                             sample_prompts, with_context)
 from icl_book.train import (CHECKPOINTS, CKPT_DIR, build_model, check_log_prefix,
-                            load_log, load_model, predict, train)
+                            eval_losses, eval_prompts, load_log, load_model,
+                            model_for, predict, train)
 
 
 def gen(seed=0):
@@ -113,19 +114,23 @@ def test_recurrent_training_step_runs():
 
 @pytest.mark.parametrize("name", list(CHECKPOINTS))
 def test_checkpoint_loads_and_matches_its_log(name):
-    model = load_model(name)
-    rec = load_log(name)
-    assert rec['config']['name'] == name and rec['config']['steps'] == CHECKPOINTS[name].steps
-    log = rec['log']
-    assert log['step'][-1] == CHECKPOINTS[name].steps
+    "The shipped weights, evaluated now, give the shipped log's last losses."
+    model, cfg = load_model(name), CHECKPOINTS[name]
+    assert not model.training and len(model.blocks) == cfg.depth
+    test = eval_prompts(cfg.task, cfg.eval_batch)
+    now = eval_losses(model, test)
+    last = {k: v[-1] for k, v in load_log(name)['log'].items()
+            if isinstance(v, list) and k in now}
+    assert set(last) == set(now)
+    for k in ('test_ctx', 'test_patched', 'test_free'):
+        assert now[k] == pytest.approx(last[k], rel=1e-5), (k, now[k], last[k])
     # it learned; the block without residual or LayerNorm sees the query only
     # through attention and plateaus near 0.66 (trials: d_model 64 or 128, lr
     # 1e-3 to 5e-3, up to 6000 steps), about 8 times below its start
-    learned = 0.1 if CHECKPOINTS[name].arch == 'preln' else 0.2
-    assert log['test_ctx'][-1] < learned * log['test_ctx'][0]
-    assert max(log['patch_err']) < 1e-4                           # patched = context
-    assert not model.training
-    assert len(model.blocks) == CHECKPOINTS[name].depth
+    learned = 0.1 if cfg.arch == 'preln' else 0.2
+    untrained = eval_losses(model_for(cfg).eval(), test)
+    assert now['test_ctx'] < learned * untrained['test_ctx']
+    assert now['patch_err'] < 1e-4                                # patched = context
 
 
 def test_checkpoints_are_small_and_inside_the_package():
@@ -148,11 +153,16 @@ def test_missing_or_stale_checkpoint_is_a_clear_error(tmp_path):
         load_model('attn1', folder=tmp_path)
 
 
-def test_reproducibility_record_says_bitwise_on_one_thread():
-    recs = json.loads((CKPT_DIR / 'reproducibility.json').read_text())
-    same = [r for r in recs if r['threads'] == 1]
-    assert same and all(v['max_weight_diff'] == 0
-                        for r in same for v in r['results'].values())
+def test_training_on_one_thread_is_bitwise_reproducible():
+    "Two trainings of one configuration on one thread: the same bits."
+    cfg = replace(CHECKPOINTS['attn1'], d_model=16, d_mlp=32, steps=2,
+                  eval_every=2, eval_batch=8, batch=8, threads=1)
+    (a, la), (b, lb) = train(cfg), train(cfg)
+    assert all(torch.equal(p, q) for p, q in zip(a.state_dict().values(),
+                                                b.state_dict().values()))
+    assert la['train'] == lb['train'] and la['test_ctx'] == lb['test_ctx']
+    c, _ = train(replace(cfg, seed=1))                        # it can differ
+    assert not torch.equal(a.blocks[0].mlp.W, c.blocks[0].mlp.W)
 
 
 RECORDS = json.loads((CKPT_DIR / 'reproducibility.json').read_text())
@@ -235,3 +245,15 @@ def test_reproduce_rnn_convergence():
     assert keys <= set(res)
     att = res['attention_late_over_early']
     assert att < 0.5 * res['gru_late_over_early'] and att < 0.5 * res['lstm_late_over_early']
+
+
+# ----------------------------------------------------------------------------
+# bad input: a clear error (what was wrong, what to do), or a correct result
+from _inputs import BAD  # noqa: E402
+
+
+@pytest.mark.parametrize('case', list(BAD['experiments']))
+def test_bad_input_is_a_clear_error(case):
+    fn, exc, words = BAD['experiments'][case]
+    with pytest.raises(exc, match=words):
+        fn()

@@ -295,6 +295,12 @@ def test_pooler_output_is_refused_when_read_and_the_rest_stays_exact(bert):
     reads = [lambda: r.pooler_output, lambda: r["pooler_output"].shape,
              lambda: r[1] + 1, lambda: r.to_tuple()[1] * 2,
              lambda: torch.tanh(t[1]), lambda: t[1].shape, lambda: bool(t[1])]
+    y = t[1]                             # every operator Python looks up on the class
+    reads += [lambda: y[0], lambda: iter(y), lambda: len(y), lambda: float(y),
+              lambda: int(y), lambda: y.__array__(), lambda: y + 1, lambda: 1 + y,
+              lambda: y - 1, lambda: 1 - y, lambda: y * 2, lambda: 2 * y,
+              lambda: y @ full, lambda: full[0] @ y, lambda: y / 2, lambda: 2 / y,
+              lambda: -y, lambda: abs(y), lambda: y ** 2]
     for read in reads:
         with pytest.raises(ValueError, match="pooler_output.*position 0"):
             read()

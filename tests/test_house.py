@@ -30,6 +30,8 @@ def offenders(r: dict) -> dict:
         "no test imports a private name": r["private_test_imports"],
         "no private name imported across modules": r["private_cross_imports"],
         "no plot_/bench_/reproduce_ in library modules": r["experiment_code_in_library"],
+        "no function assigned to a class attribute after its body": r["methods_after_class"],
+        "every test file named after the module it checks": r["tests_not_named_after_a_module"],
     }
 
 
@@ -93,6 +95,10 @@ BREAKS = {
         "tests/test_core.py": "from icl_book import core\ndef test(): core._hidden\n"},
     "no plot_/bench_/reproduce_ in library modules": {
         "icl_book/core.py": "def f(x): return x\ndef bench_f(): pass\n"},
+    "no function assigned to a class attribute after its body": {
+        "icl_book/core.py": "class A:\n    pass\n\ndef f(x): return x\nA.f = f\n"},
+    "every test file named after the module it checks": {
+        "tests/test_edge_cases.py": "def test(): pass\n"},
 }
 
 EXPECTED = {   # what each message names
@@ -104,6 +110,8 @@ EXPECTED = {   # what each message names
     "no test imports a private name": "test_core.py:2 core._hidden",
     "no private name imported across modules": "blocks:1 core._f",
     "no plot_/bench_/reproduce_ in library modules": "core.bench_f",
+    "no function assigned to a class attribute after its body": "core:5 A.f",
+    "every test file named after the module it checks": "test_edge_cases.py",
 }
 
 
@@ -153,6 +161,20 @@ def test_sizes_are_a_report_not_a_rule(tmp_path):
     assert len(r["cells_over_40"]) == 6 and r["modules_over_500"] == {"core": 501}
     for rule in RULES:
         assert_rule(r, rule)
+
+
+@pytest.mark.parametrize("code,found", [
+    ("for op in ('add', 'mul'):\n    setattr(A, f'__{op}__', A.m)\n", ["6 A...."]),
+    ("A.p = property(lambda a: 1)\n", ["5 A.p"]),
+    ("if True:\n    A.g = lambda a: 2\n", ["6 A.g"]),
+    ("A.m2, A.n = A.m, 3\n", ["5 A.m2"]),
+    ("A.N = 3\nA.__doc__ = 'data, not a function'\n", []),
+    ("from fastcore.basics import patch\n@patch\ndef g(self: A): return 2\n", []),
+])
+def test_methods_after_the_class_body(code, found):
+    "Functions bound to a class after its body, by assignment or setattr; a @patch def is not."
+    src = "class A:\n    def m(self): return 1\n\n\n" + code
+    assert house.methods_after_class(__import__("ast").parse(src)) == found
 
 
 def test_earlier_module_imports_are_not_forward(tmp_path):

@@ -160,3 +160,24 @@ def test_empty_chunk_gives_zero_patch():
     p = token_patch_factors(blk.W.detach(), blk.A(C, x).detach(), blk.A(C, x).detach())
     assert torch.equal(p.u, torch.zeros_like(p.u))
     assert rel_err(blk(remove_chunk(C, []), x, dW=chunk_patch(blk, C, x, [])), blk(C, x)) < 1e-14
+
+
+# ----------------------------------------------------------------------------
+# bad input: a clear error (what was wrong, what to do), or a correct result
+from icl_book import patch  # noqa: E402
+from _inputs import BAD  # noqa: E402
+
+
+@pytest.mark.parametrize('case', list(BAD['patch']))
+def test_bad_input_is_a_clear_error(case):
+    fn, exc, words = BAD['patch'][case]
+    with pytest.raises(exc, match=words):
+        fn()
+
+
+@pytest.mark.parametrize('Y', [
+    torch.tensor([3, 0], dtype=torch.uint8), torch.tensor([0, 3], dtype=torch.int8),
+    torch.tensor([0, 3], dtype=torch.int16), {3, 0}, (i for i in (0, 3)), range(0, 4, 3)])
+def test_chunk_of_any_integer_kind_means_its_positions(Y):
+    want = torch.tensor([True, False, False, True, False])
+    assert torch.equal(patch.chunk_mask(Y, 5), want)

@@ -125,3 +125,15 @@ def test_bad_inputs():
         fit_stack_thought_patch(net, torch.randn(3, 8).double(), torch.randn(2, 8).double(), "magic")
     with pytest.raises(ValueError, match="one context"):
         fit_stack_thought_patch(net, torch.randn(1, 3, 8).double(), torch.randn(2, 8).double())
+
+
+# ----------------------------------------------------------------------------
+# bad input: a clear error (what was wrong, what to do), or a correct result
+from _inputs import BAD  # noqa: E402
+
+
+@pytest.mark.parametrize('case', list(BAD['thought']))
+def test_bad_input_is_a_clear_error(case):
+    fn, exc, words = BAD['thought'][case]
+    with pytest.raises(exc, match=words):
+        fn()

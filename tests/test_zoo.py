@@ -30,14 +30,13 @@ pytestmark = pytest.mark.zoo
 COMPOSITE = ("text_config", "vision_config", "audio_config")
 
 
-def one(mt, kind):
-    "One zoo row: the type's result and its reason or errors."
+def one(mt, kind, m=None):
+    "One zoo row: the type's result and its reason or errors (`m`: its model)."
     row = dict(type=mt, kind=kind)
     try:
-        m = zoo_model(mt, kind)
+        m = zoo_model(mt, kind) if m is None else m
     except Exception as e:                         # transformers' own error
-        return dict(row, result="not buildable",
-                    why=f"{type(e).__name__}: {str(e)[:200]}")
+        return _not_buildable(row, e)
     g = torch.Generator().manual_seed(0)
     C, x = (torch.randint(2, 97, (1, s), generator=g) for s in (5, 2))
     try:
@@ -60,9 +59,15 @@ def one(mt, kind):
                 pattern=find_adapter(m).family.pattern)
 
 
+def _not_buildable(row, e):
+    return dict(row, result="not buildable",
+                why=f"{type(e).__name__}: {str(e)[:200]}")
+
+
 def _zoo_rows():
-    "(a row per model type, seconds)."
-    t0, rows = time.perf_counter(), []
+    """(a row per model type, seconds, the one-pass rows of the exact types,
+    their seconds): each type's model is built once and serves both rows."""
+    rows, dyn, t_zoo, t_dyn = [], [], 0., 0.
     for mt, kind in zoo_types():
         cfg_cls = _config_class(mt)
         if cfg_cls is not None and any(hasattr(cfg_cls, k) or k in getattr(
@@ -70,17 +75,33 @@ def _zoo_rows():
             rows.append(dict(type=mt, kind=kind, result="not buildable",
                              why="a composite (multimodal) configuration"))
             continue
-        rows.append(one(mt, kind))
-    return rows, time.perf_counter() - t0
+        t0 = time.perf_counter()
+        try:
+            m = zoo_model(mt, kind)
+        except Exception as e:                     # transformers' own error
+            rows.append(_not_buildable(dict(type=mt, kind=kind), e))
+            t_zoo += time.perf_counter() - t0
+            continue
+        rows.append(one(mt, kind, m))
+        t1 = time.perf_counter(); t_zoo += t1 - t0
+        if rows[-1]["result"] == "exact":           # patch_errors left it as built
+            dyn.append(one_pass(mt, kind, m))
+            t_dyn += time.perf_counter() - t1
+    return rows, t_zoo, dyn, t_dyn
 
 
 @pytest.fixture(scope="module")
-def zoo():
+def _both():
     # one thread: the sums run in one order whatever the core count, so a type whose
     # float64 error sits near the self-check's tolerance lands on the same side
     threads = torch.get_num_threads(); torch.set_num_threads(1)
-    try: rows, seconds = _zoo_rows()
+    try: return _zoo_rows()
     finally: torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def zoo(_both):
+    rows, seconds = _both[:2]
     counts = Counter(r["result"] for r in rows)
     out = ROOT / "_build" / "zoo.json"
     out.parent.mkdir(exist_ok=True)
@@ -179,7 +200,8 @@ DYN_TOL, N_CTX = 1e-10, 5
 
 def _eager64(m):
     "Float64 softmax where transformers' eager attention would round it."
-    import test_lm_dynamics_families  # noqa: F401  registers 'eager64'
+    from conftest import register_eager64
+    register_eager64()
     if m.config._attn_implementation == "eager":
         m.set_attn_implementation("eager64")
     return m
@@ -192,15 +214,16 @@ def _raised_by_us(e):
     return "/icl_book/" in tb.tb_frame.f_code.co_filename
 
 
-def one_pass(mt, kind):
-    "One row: the one pass of the type against the loop, or its refusal."
+def one_pass(mt, kind, m=None):
+    """One row: the one pass of the type against the loop, or its refusal
+    (`m`: the type's model as zoo_model built it, else built here)."""
     from icl_book.core import rel_err
     from icl_book.hf import context_patches
     from icl_book.lm_dynamics import (default_part, prefix_patches,
                                       token_updates)
-    from test_lm_dynamics_families import patch_err
+    from conftest import patch_err
     row = dict(type=mt, kind=kind)
-    m = _eager64(zoo_model(mt, kind))
+    m = _eager64(zoo_model(mt, kind) if m is None else m)
     g = torch.Generator().manual_seed(0)
     C, x = (torch.randint(2, 97, (1, s), generator=g) for s in (N_CTX, 2))
     with warnings.catch_warnings():
@@ -228,13 +251,10 @@ def one_pass(mt, kind):
 
 
 @pytest.fixture(scope="module")
-def dynamics(zoo):
-    threads = torch.get_num_threads(); torch.set_num_threads(1)
-    t0 = time.perf_counter()
-    try: rows = [one_pass(r["type"], r["kind"]) for r in zoo
-                 if r["result"] == "exact"]
-    finally: torch.set_num_threads(threads)
-    seconds = time.perf_counter() - t0
+def dynamics(zoo, _both):
+    rows, seconds = _both[2:]
+    assert [r["type"] for r in rows] == [r["type"] for r in zoo
+                                         if r["result"] == "exact"]
     counts = Counter(r["result"] for r in rows)
     import transformers
     out = dict(transformers=transformers.__version__, counts=counts,

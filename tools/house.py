@@ -12,6 +12,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = "icl_book"
 LIMITS = dict(module_lines=500, cell_lines=40)   # reported, not enforced: sizes follow the ideas
+# test files about the whole project; every other tests/test_X.py checks module X
+PROJECT_TESTS = {"book", "cli", "experiments", "house", "lock", "notebooks", "publish",
+                 "readme", "reproduction", "sync", "zoo"}
 
 
 def notebooks(nbs: Path) -> list:
@@ -109,6 +112,8 @@ def measure(root: Path = ROOT) -> dict:
         for mod in ts:   # experiments.X lives in the chapter of X; __main__ in 12_cli
             want = "cli" if mod == "__main__" else mod.split(".")[-1]
             if name != want: misnamed.append(f"{stem} -> {mod}")
+    late_methods = [f"{m}:{x}" for m, p in sorted(mods.items())
+                    for x in methods_after_class(ast.parse(p.read_text()))]
     unexported = sorted(set(mods) - set(order))
     big = {m: n for m, p in mods.items()
            if (n := len(p.read_text().splitlines())) > LIMITS["module_lines"]}
@@ -130,14 +135,73 @@ def measure(root: Path = ROOT) -> dict:
                     and node.attr.startswith("_") and not node.attr.startswith("__") \
                     and node.value.id in _aliases(p, PKG):
                 private.append(f"{p.name}:{node.lineno} {node.value.id}.{node.attr}")
+    leaves = {m.split(".")[-1] for m in mods}
+    unnamed_tests = sorted(p.name for p in TESTS.glob("test_*.py")
+                           if p.stem[5:] not in leaves | PROJECT_TESTS)
     return dict(modules=len(mods), notebooks=sum(1 for *_, ts in nbs if ts),
                 modules_without_notebook=unexported,
                 cycles=cycles, forward_imports=forward, function_level_imports=inner,
                 function_level_forward_imports=inner_forward,
                 getattr_forwarding=getattr_fwd, experiment_code_in_library=experiment_code, misnamed_notebooks=misnamed,
                 modules_over_500=big, cells_over_40=long_cells, private_test_imports=private,
-                private_cross_imports=private_cross,
+                private_cross_imports=private_cross, methods_after_class=late_methods,
+                tests_not_named_after_a_module=unnamed_tests,
                 library_lines=sum(len(p.read_text().splitlines()) for p in mods.values()))
+
+
+_WRAPS = {"property", "staticmethod", "classmethod", "partialmethod", "partial",
+          "MethodType", "wraps", "cached_property"}
+
+
+def methods_after_class(tree: ast.Module) -> list:
+    """'line Cls.name' for each function a module assigns to one of its classes
+    after the class body (`Cls.f = g`, `Cls.f = lambda ...`, `Cls.p = property(...)`,
+    `setattr(Cls, ..., ...)`), at module level (loops and ifs included). A
+    fastcore `@patch` is a decorated def, visibly a method, and is not counted."""
+    def top(body):                                   # statements outside defs/classes
+        for st in body:
+            if isinstance(st, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                continue
+            yield st
+            for f in ("body", "orelse", "finalbody", "handlers"):
+                yield from top(getattr(st, f, None) or [])
+    classes = {n.name for n in tree.body if isinstance(n, ast.ClassDef)}
+    defs = {n.name for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
+    def root(e):
+        while isinstance(e, ast.Attribute): e = e.value
+        return e.id if isinstance(e, ast.Name) else None
+    def is_function(v):
+        if isinstance(v, ast.Lambda): return True
+        if isinstance(v, ast.Name): return v.id in defs
+        if isinstance(v, ast.Attribute): return root(v) in classes or v.attr in defs
+        if isinstance(v, ast.Call):
+            f = v.func.attr if isinstance(v.func, ast.Attribute) else getattr(v.func, "id", "")
+            return f in _WRAPS
+        return False
+    out = []
+    for st in top(tree.body):
+        if isinstance(st, (ast.Assign, ast.AnnAssign)):
+            targets = st.targets if isinstance(st, ast.Assign) else [st.target]
+            pairs = []                                    # (target, its value)
+            for t in targets:
+                if isinstance(t, ast.Tuple) and isinstance(st.value, ast.Tuple) \
+                        and len(t.elts) == len(st.value.elts):
+                    pairs += zip(t.elts, st.value.elts)
+                else:
+                    pairs += [(e, st.value) for e in (t.elts if isinstance(t, ast.Tuple) else [t])]
+            for t, v in pairs:
+                if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) \
+                        and t.value.id in classes and v is not None and is_function(v):
+                    out.append(f"{t.lineno} {t.value.id}.{t.attr}")
+        for node in ast.walk(st) if not isinstance(st, (ast.For, ast.While, ast.If, ast.With,
+                                                        ast.Try)) else []:
+            if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "setattr" \
+                    and node.args and isinstance(node.args[0], ast.Name) \
+                    and node.args[0].id in classes:
+                name = node.args[1].value if len(node.args) > 1 and \
+                    isinstance(node.args[1], ast.Constant) else "..."
+                out.append(f"{node.lineno} {node.args[0].id}.{name}")
+    return out
 
 
 def _aliases(p: Path, pkg: Path) -> set:

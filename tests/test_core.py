@@ -1,4 +1,6 @@
-"""Ctrl-C at any instant, nesting and threads: in-place patches stay exact.
+"""icl_book.core: its in-place edits (InPlace) and SIGINT guard, rel_err, the
+argument checks. Ctrl-C at any instant, nesting and threads: in-place patches
+stay exact.
 
 A Ctrl-C is emulated the way Python delivers it: the SIGINT handler that is
 installed at that moment is called with the frame where the interrupt lands.
@@ -208,3 +210,34 @@ def test_another_thread_is_refused_while_patched(kind):
         t2 = threading.Thread(target=lambda: seen.update(after=model(x)))
         t2.start(); t2.join(10)
     assert seen['after'].shape == mine.shape
+
+
+# ----------------------------------------------------------------------------
+# bad input: a clear error (what was wrong, what to do), or a correct result
+import math  # noqa: E402
+from _inputs import BAD, rand  # noqa: E402
+
+
+@pytest.mark.parametrize('case', list(BAD['core']))
+def test_bad_input_is_a_clear_error(case):
+    fn, exc, words = BAD['core'][case]
+    with pytest.raises(exc, match=words):
+        fn()
+
+
+@pytest.mark.parametrize('scale', [1e200, 1e-170, 1.0])
+def test_rel_err_is_exact_at_any_magnitude(scale):
+    y = rand(3, 64); yh = y + 1e-3 * rand(3, 64, seed=5)
+    want = ((yh - y).norm(dim=-1) / y.norm(dim=-1)).max().item()
+    assert core.rel_err(scale * yh, scale * y) == pytest.approx(want, rel=1e-12)
+
+def test_rel_err_of_a_zero_reference_is_zero_or_inf():
+    z = torch.zeros(2, 3, dtype=f64)
+    assert core.rel_err(z, z) == 0.0 and core.rel_err(z + 1e-300, z) == math.inf
+
+
+def test_every_table_of_bad_inputs_is_run_by_its_module_tests():
+    "Each module's table in tests/_inputs.py is parametrised in tests/test_<module>.py."
+    from conftest import ROOT
+    for m in BAD:
+        assert f"BAD[{m!r}]" in (ROOT / "tests" / f"test_{m}.py").read_text(), m
