@@ -4,7 +4,7 @@ The library's docstrings use `code` spans, shapes like (B, n, d) and symbols
 such as ** and x_i; reST would read those as interpreted text, emphasis or
 references and warn. This hook turns code spans into literals (with escaped
 separators so any neighbouring character is allowed) and escapes `*`, `|` and
-a trailing `_`. A MyST role such as {doc}`11a_families`, which a module's
+a trailing `_`. A MyST role such as {doc}`15_families`, which a module's
 description may carry from its notebook, becomes the reST role :doc:.
 """
 import re

@@ -112,7 +112,7 @@ def test_math_typeset_in_browser(book, doc):
 
 _CHECKS = {}
 
-EXPLORER = "nbs/13_explorer"
+EXPLORER = "nbs/31_explorer"
 
 needs_chromium = pytest.mark.skipif(_chromium() is None, reason="headless Chromium not "
                                     "installed (`make browser` or `apt-get install chromium`)")
@@ -169,7 +169,7 @@ def test_static_explorer_reacts_to_a_control(book):
     assert r["kind"]["src"] != r["before"]["src"], "the picture did not change"
     assert r["depth"]["info"].startswith(f"{r['last']}, the block"), r
     ARTIFACTS.mkdir(exist_ok=True)
-    page_metrics.screenshot(EXPLORER, 1400, str(ARTIFACTS / "13_explorer.png"), height=2000)
+    page_metrics.screenshot(EXPLORER, 1400, str(ARTIFACTS / "31_explorer.png"), height=2000)
 
 
 # --- what a reader sees: no nbdev directives, no words about how the book was made,
@@ -271,7 +271,7 @@ def test_the_book_glues_tables():
     pages = {doc: glued_tables_in(source_text(doc)) for doc in _toc_files()}
     with_tables = {d for d, names in pages.items() if names}
     assert len(with_tables) >= 5, f"only {sorted(with_tables)} glue tables"
-    assert "nbs/07_finetune" in with_tables and len(pages["nbs/07_finetune"]) == 3, pages
+    assert "nbs/09_finetune" in with_tables and len(pages["nbs/09_finetune"]) == 3, pages
 
 
 @pytest.mark.parametrize("doc", _toc_files())
@@ -337,7 +337,7 @@ def test_a_figure_opens_at_full_size(book):
     document.dispatchEvent(new KeyboardEvent('keydown', {key: 'Escape'}));
     report({opened, natural, shown, closed: !document.getElementById('icl-lightbox')});
     """
-    r = page_metrics.probe("nbs/06_equivalence", js, width=390, wait_ms=2000)
+    r = page_metrics.probe("nbs/08_equivalence", js, width=390, wait_ms=2000)
     assert r.get("opened") and r["closed"], r
     assert r["shown"] >= min(r["natural"], 390) - 2, f"the figure is not shown at full size: {r}"
 
@@ -625,7 +625,7 @@ def equation_problems(doc: str, raw: str, text: str) -> list:
 def test_equation_numbers_tell_book_from_paper():
     "The check fails on a page that numbers like the paper or cites a bare Eq. (n)."
     assert equation_problems("nbs/02_patch", r"$$a \tag{2}$$", "") == [r"\tag{2}"]
-    assert equation_problems("nbs/04a_x", r"$$a \tag{4a.1}$$", "") == []
+    assert equation_problems("nbs/05_x", r"$$a \tag{5.1}$$", "") == []
     assert equation_problems("nbs/02_patch", r"$$a \tag{2.1}$$", "as in (2.1)") == []
     assert equation_problems("nbs/notation", r"$$a \tag{1.1}$$", "") == [r"\tag{1.1}"]
     assert len(equation_problems("nbs/07_x", "", "the patch of Eq. (8) alone")) == 1

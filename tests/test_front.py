@@ -1,4 +1,4 @@
-"""The package's top level (`import icl_book as icl`, nbs/11h_front.ipynb):
+"""The package's top level (`import icl_book as icl`, nbs/29_front.ipynb):
 lazy names, one verb for every kind of model, docstrings whose examples run."""
 import doctest
 import inspect
@@ -53,7 +53,7 @@ def test_at_most_15_top_level_names_each_resolving():
         icl.prefix_updates
 
 
-# fit_adapter fits a patch on a real LM (seconds to minutes): its chapter (11d_compress) runs it instead
+# fit_adapter fits a patch on a real LM (seconds to minutes): its chapter (24_compress) runs it instead
 EXAMPLES = [n for n in icl.__all__ if callable(getattr(icl, n))
             and n not in ("fit_adapter", "Compressed")]
 

@@ -144,11 +144,11 @@ def test_index_states_the_one_model_limit():
 def test_map_covers_every_experiment_and_foundation_chapter():
     linked = set(re.findall(r"\{doc\}`([0-9A-Za-z_]+)`", MAP.read_text()))
     need = {f.split("/")[-1] for f in _chapters() if re.match(r"nbs/(0[2-9]|1[01])", f)}
-    need.discard("05_regression"), need.discard("05a_train")   # the setting, not a claim
-    need.discard("11ac_hf_checks")      # the checks around a patched run, not a claim
-    need.discard("11g_hf")              # the real-model API in one import, not a claim
-    need.discard("11h_front")           # the one import for every model: the library, not a claim
-    need.discard("11aa_wrappers")       # how nnsight / TransformerLens models are read: the library
+    need.discard("06_regression"), need.discard("07_train")   # the setting, not a claim
+    need.discard("18_hf_checks")      # the checks around a patched run, not a claim
+    need.discard("28_hf")              # the real-model API in one import, not a claim
+    need.discard("29_front")           # the one import for every model: the library, not a claim
+    need.discard("16_wrappers")       # how nnsight / TransformerLens models are read: the library
     assert need <= linked, f"chapters missing from the reproduction map: {sorted(need - linked)}"
 
 

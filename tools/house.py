@@ -109,7 +109,7 @@ def measure(root: Path = ROOT) -> dict:
     misnamed = []
     for stem, _, _, ts in nbs:
         name = re.sub(r"^\d+[a-z]*_", "", stem)
-        for mod in ts:   # experiments.X lives in the chapter of X; __main__ in 12_cli
+        for mod in ts:   # experiments.X lives in the chapter of X; __main__ in 30_cli
             want = "cli" if mod == "__main__" else mod.split(".")[-1]
             if name != want: misnamed.append(f"{stem} -> {mod}")
     late_methods = [f"{m}:{x}" for m, p in sorted(mods.items())
