@@ -500,8 +500,10 @@ def model_state(
         bits: bool = False,  # also the weights' byte sums (reads them all)
 ) -> ModelState:
     "Version counters (and byte sums) of the weights, rotary state, config."
-    ps = [(n, p) for n, p in ad.base.named_parameters()
-          if p.device.type != 'meta']
+    # a TransformerLens bridge around the model files its modules under
+    # `_original_component` while it runs: the same weight, the same name
+    ps = [(n.replace('._original_component', ''), p)
+          for n, p in ad.base.named_parameters() if p.device.type != 'meta']
     rot = tuple((n, m.inv_freq.detach().clone(),
                  getattr(m, 'attention_scaling', None))
                 for n, m in ad.base.named_modules()

@@ -129,6 +129,20 @@ def test_bridge_exact(arch, dtype, tol):
     assert all(torch.equal(before[k], after[k]) for k in before)
 
 
+def test_bridge_weight_written_inside_patched_is_refused():
+    """Inside `patched` the bridge files the model's modules under
+    `_original_component`; a weight written in place there is the same
+    weight, and the next patched call must see the write."""
+    br, hf = bridge("llama", "float64")
+    C, x = ids(1, 6, 4), ids(1, 2, 5)
+    P = context_patches(br, C, x)
+    w = hf.model.layers[0].mlp.up_proj.weight
+    with pytest.raises(ValueError, match="changed inside patched"):
+        with patched(br, P), torch.no_grad():
+            w.add_(1.)                             # a write the check must see
+            br(x)
+
+
 def test_bridge_patch_errors():
     br, _ = bridge("llama", "float64")
     e = patch_errors(br, ids(1, 6, 2), ids(1, 2, 3))
