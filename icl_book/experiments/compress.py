@@ -13,7 +13,7 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 import numpy as np
 from .core import set_style
-from ..compress import METHODS
+from ..compress import METHODS, variant
 
 # %% ../../nbs/24_compress.ipynb #bx1read
 def read_bench(path,   # a JSON-lines file of bench/compression.py
@@ -58,40 +58,46 @@ def _storage_points(rows) -> dict:
                 (v['numel'], v['accuracy_first']))
     return pts
 
-def _spread(pts: dict,      # name -> (numbers stored, accuracy)
-            gap: float = 0.15,  # decades between neighbours' centres
-            near: float = 0.02,  # accuracy closer than this: neighbours
-            ) -> dict:
-    "Where to draw each x: markers that would cover each other side by side."
-    lx = {k: np.log10(n) for k, (n, _) in pts.items()}
-    at, last = {}, []                       # last: the markers drawn so far
-    for k in sorted(pts, key=lambda k: lx[k]):
-        hit = [j for j in last if abs(pts[j][1] - pts[k][1]) < near
-               and lx[k] - at[j] < gap]
-        at[k] = max([lx[k]] + [at[j] + gap for j in hit])
-        last.append(k)
-    return {k: 10 ** at[k] for k in pts}
+def _storage_panel(k: str,   # a point: a method, or 'patch: variant'
+                   ) -> str:
+    "The panel of plot_storage that shows point k: its group's title."
+    if not k.startswith('patch: '): return 'in context and the vectors'
+    kind = variant(k[7:])[0]                       # 'first': the lstsq fit's
+    return {'lstsq_out': 'thought patch: down_proj map', 'lstsq':
+            'thought patch: both ends of the MLP, or its first matrices'
+            }.get(kind, f'thought patch: {kind}')
+
 
 # %% ../../nbs/24_compress.ipynb #bx2plot
 def plot_storage(rows,   # read_bench's lines
-                 name=str,  # a point's name (method, 'patch: variant') as shown
+                 name=str,  # a point's label (method, 'patch: variant')
+                 panel=_storage_panel,  # a point's panel (its title)
                  ) -> 'matplotlib.figure.Figure':
-    "Figure: mean accuracy against numbers stored, per method and variant."
+    "Figure: mean accuracy against numbers stored, one panel per group."
     set_style()
-    fig, ax = plt.subplots(figsize=(7.6, 6.2))
-    marks = 'osD^v<>PX*hp'                  # one marker and colour per method:
     pts = {k: (np.mean([q[0] for q in p]), np.mean([q[1] for q in p]))
            for k, p in _storage_points(rows).items()}
-    x = _spread(pts)                        # neighbours side by side
-    for i, (k, (n, a)) in enumerate(pts.items()):                # a legend
-        ax.scatter(x[k], a, s=46, marker=marks[i % len(marks)], zorder=3,
-                   color=plt.get_cmap('tab20')(i % 20),
-                   label=name(k).replace('icl', 'in-context (KV cache)'))
+    groups = {}
+    for k in pts: groups.setdefault(panel(k), []).append(k)
+    fig, axs = plt.subplots(len(groups), 1, figsize=(7.6, 1.9 * len(
+        groups) + .7), sharex=True, sharey=True, squeeze=False,
+        layout='constrained')
     zs = np.mean([r['zero_shot'] for r in rows])
-    ax.axhline(zs, color='gray', ls=':', lw=1, label='zero-shot')
-    ax.set(xscale='log', xlabel='numbers stored',
-           ylabel='first-token accuracy (test, mean over tasks)')
-    ax.legend(fontsize=9, ncol=2, loc='upper center',
-              bbox_to_anchor=(.5, -0.13), frameon=False)
-    fig.tight_layout()
+    for j, (ax, (title, ks)) in enumerate(zip(axs[:, 0], groups.items())):
+        rest = [pts[k] for k in pts if k not in ks]     # the other panels'
+        if rest: ax.scatter(*zip(*rest), s=14, color='0.75', zorder=1,
+                            label='in the other panels' if j == 0 else None)
+        for i, k in enumerate(ks):          # each at its true x and y
+            ax.scatter(*pts[k], s=70, marker='osD^v<>p'[i % 8], lw=1.6,
+                       facecolor='none', edgecolor=f'C{i % 10}', zorder=3,
+                       gid=k, label=name(k))
+        ax.axhline(zs, color='gray', ls=':', lw=1,
+                   label='zero-shot' if j == 0 else None)
+        ax.set_title(title, loc='left', fontsize=10)
+        ax.tick_params(labelsize=9)
+        ax.legend(fontsize=9, loc='center left', bbox_to_anchor=(1.01, .5),
+                  frameon=False)
+    axs[-1, 0].set(xscale='log')
+    axs[-1, 0].set_xlabel('numbers stored (log scale)', fontsize=10)
+    fig.supylabel('first-token accuracy (test, mean)', fontsize=10)
     return fig
