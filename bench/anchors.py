@@ -32,11 +32,20 @@ arXiv 2311.06668), implemented here from the paper's definition:
   layers are chosen by), from a grid of multiples of s = <mean dH, v>, the
   mean difference's length along v: s * {1/8, 1/4, ..., 16}. Never on test.
 
-Two ICVs are measured: `icv`, from the demonstrations and the calibration
-pairs (the labelled pairs the adapter's fit sees: the demonstrations in its
-prompt, the calibration queries with their answers), and `icv_demos`, from
+Three ICVs are measured: `icv`, from the demonstrations and the
+calibration pairs (the labelled pairs the adapter's fit sees: the
+demonstrations in its prompt, the calibration queries with their answers);
+`icv_uncentred`, the same pairs, the top right singular vector of the dH's
+not centred (PCA about the origin: the centred first component can be
+nearly orthogonal to the mean difference, cos_v_mean in the JSON, when the
+dH's vary most with each answer's own content); `icv_demos`, centred, from
 the k demonstrations alone (the paper's own setting: the in-context
-examples). The paper's public code differs from its text (a similarity
+examples); `icv_prompt`, centred, a mapping of our own beside the issue's:
+over the calibration queries, the "target" is the query's state with the
+demonstrations before it (the prompted model) and the "original" the query
+alone (what the prompt adds to the query's last token, the task vector's
+raw material, steered the ICV way). zero_shot (the model without the
+prompt) is the floor. The paper's public code differs from its text (a similarity
 weighted, 0.1-scaled shift of the normalised state added after each MLP);
 we follow the text, as the issue asks.
 
@@ -65,7 +74,7 @@ import torch
 
 from icl_book import compress as C
 from icl_book.baselines import (first_token_scores, first_tokens,
-                                icl_states, reference_run, run_task_vector,
+                                free_logprobs, icl_states, reference_run, run_task_vector,
                                 split_metrics)
 from icl_book.hf_checks import check_model
 from icl_book.hf_patch import output_tensor
@@ -113,10 +122,13 @@ def icv_differences(model, ids, ql, al) -> torch.Tensor:
     return (h[:, 1] - h[:, 0]).flatten(1)
 
 
-def icv_direction(dH) -> tuple:
+def icv_direction(dH,   # (K, L * d) float64 differences
+                  centred: bool = True,   # False: about the origin
+                  ) -> tuple:
     "The first principal direction v (L * d,) of dH, along the mean; s."
     mu = dH.mean(0)
-    v = torch.linalg.svd(dH - mu, full_matrices=False).Vh[0]
+    v = torch.linalg.svd(dH - mu if centred else dH,
+                         full_matrices=False).Vh[0]
     v = v if v @ mu >= 0 else -v
     return v, float(v @ mu)
 
@@ -160,10 +172,11 @@ def pick_lam(model, td, ref1, v, s: float) -> tuple:
     return k * s, {str(k): round(a, 4) for k, (a, _) in sc.items()}
 
 
-def check_icv(model, ids, ql, al, dH, v, lam: float, tol: float) -> dict:
+def check_icv(model, ids, ql, al, dH, v, lam: float, tol: float,
+              centred: bool = True) -> dict:
     "The definitions, checked numerically: PCA, the joint run, the hook."
-    # PCA: v is the top eigenvector of the centred Gram matrix's image
-    Dc = dH - dH.mean(0)
+    # PCA: v is the top eigenvector of the (centred) Gram matrix's image
+    Dc = dH - dH.mean(0) if centred else dH
     w, U = torch.linalg.eigh(Dc @ Dc.T)                    # ascending
     u = Dc.T @ U[:, -1]
     u = u / u.norm()
@@ -200,21 +213,31 @@ def check_icv(model, ids, ql, al, dH, v, lam: float, tol: float) -> dict:
     return dict(pca=pca, causal=causal, hook=hook, norm=norm)
 
 
-def run_icv(model, tok, td, cfg, pairs, ref) -> tuple:
+def prompt_differences(model, td, ids, ql) -> torch.Tensor:
+    "dH (K, L * d): the query with the prompt minus alone (calibration)."
+    w = icl_states(model, td.prompt, td.cal, parts=('out',))['out']
+    h = layer_outputs(model, ids, ql[:, None])[:, 0]          # (K, L, d)
+    return (w.transpose(0, 1).double() - h.double()).flatten(1)
+
+
+def run_icv(model, tok, td, cfg, pairs, ref, centred=True,
+            prompt=False) -> dict:
     "An ICV from `pairs`, its lam by validation, test metrics, seconds."
     t0 = time.perf_counter()
     ids, ql, al = pair_batch(tok, pairs, cfg.template, td.start)
-    dH = icv_differences(model, ids, ql, al)
-    v, s = icv_direction(dH)
+    dH = (prompt_differences(model, td, ids, ql) if prompt
+          else icv_differences(model, ids, ql, al))
+    v, s = icv_direction(dH, centred)
     t1 = time.perf_counter()
     lam, val = pick_lam(model, td, ref['ref1'], v, s)
     t2 = time.perf_counter()
-    chk = check_icv(model, ids, ql, al, dH, v, lam, 1e-4)
+    chk = check_icv(model, ids, ql, al, dH, v, lam, 1e-4, centred)
     m = split_metrics(ref['ref'], icv_logprobs(model, td.start, td.test.ids,
                                                v, lam), td.test)
     return dict(named(m), seconds=round(t2 - t0, 2),
                 fit_s=round(t1 - t0, 2), select_s=round(t2 - t1, 2),
-                pairs=len(pairs), lam=round(lam, 4), s=round(s, 4),
+                icv_pairs=len(pairs), centred=centred, target=(
+                    'prompt' if prompt else 'answer'), lam=round(lam, 4), s=round(s, 4),
                 lam_over_s=round(lam / s, 4), val_first_token_acc=val,
                 cos_v_mean=round(s / float(dH.mean(0).norm()), 4),
                 checks={k: float(f'{x:.2e}') for k, x in chk.items()})
@@ -246,11 +269,17 @@ def run(model, tok, task: str, seed: int) -> list:
     tv_s = time.perf_counter() - t0
     cal = td.cal.items
     rows = dict(
+        zero_shot=named(split_metrics(ref['ref'], free_logprobs(
+            model, td.start, td.test.ids), td.test)),
         icl=named(ref['metrics']['icl']),
         task_vector=dict(named(tv), layer=l,
                          seconds_with_test=round(tv_s, 2)),
         icv=run_icv(model, tok, td, cfg, list(td.demos) + list(cal), ref),
+        icv_uncentred=run_icv(model, tok, td, cfg, list(td.demos) +
+                              list(cal), ref, centred=False),
         icv_demos=run_icv(model, tok, td, cfg, list(td.demos), ref),
+        icv_prompt=run_icv(model, tok, td, cfg, list(cal), ref,
+                           prompt=True),
         adapter=run_adapter(model, td, cfg, ref))
     base = dict(task=C.task_name(task), pairs=n, shots=cfg.shots,
                 n_cal=cfg.n_cal, n_val=cfg.n_val, n_test=cfg.n_test,

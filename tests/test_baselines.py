@@ -54,9 +54,11 @@ def test_differences_are_target_minus_original_at_every_layer(tiny, icv):
         assert (dH[2, l * d:(l + 1) * d] - want).abs().max() < 1e-12
 
 
-def test_icv_is_the_first_principal_direction_along_the_mean(icv):
-    *_, dH, v, s = icv
-    Dc = dH - dH.mean(0)
+@pytest.mark.parametrize("centred", [True, False])
+def test_icv_is_the_first_principal_direction_along_the_mean(icv, centred):
+    dH = icv[3]
+    v, s = A.icv_direction(dH, centred)
+    Dc = dH - dH.mean(0) if centred else dH
     C_ = Dc.T @ Dc                          # the covariance, unnormalised
     lam1 = torch.linalg.eigvalsh(C_)[-1]
     assert abs(float(v @ C_ @ v) - float(lam1)) < 1e-9 * float(lam1)
@@ -68,6 +70,11 @@ def test_check_icv_passes_and_steering_changes_what_it_should(tiny, icv):
     ids, ql, al, dH, v, s = icv
     chk = A.check_icv(tiny, ids, ql, al, dH, v, 2 * s, 1e-10)
     assert max(chk.values()) < 1e-10
+    u, t = A.icv_direction(dH, False)
+    assert max(A.check_icv(tiny, ids, ql, al, dH, u, t, 1e-10, False
+                           ).values()) < 1e-10
+    with pytest.raises(AssertionError, match="first principal direction"):
+        A.check_icv(tiny, ids, ql, al, dH, u, t, 1e-10, True)
     x = ids[:4]
     seen = {}
     hk = tiny.model.layers[1].register_forward_pre_hook(
@@ -102,3 +109,17 @@ def test_lam_is_chosen_on_validation_from_the_grid(tiny, icv):
     assert any(abs(lam - k * s) < 1e-12 for k in A.GRID)
     assert set(val) == {str(k) for k in A.GRID}
     assert val[str(lam / s)] == max(val.values())
+
+
+def test_prompt_differences_are_with_prompt_minus_alone(tiny):
+    cfg = C.CompressConfig(shots=2, n_cal=4, n_val=3, n_test=3, seed=0)
+    td = T.encode_task(CharTok(), [dict(input=x, output=y) for x, y in PAIRS],
+                       cfg)
+    ids, ql, _ = A.pair_batch(CharTok(), td.cal.items, T.TEMPLATE, 0)
+    dH = A.prompt_differences(tiny, td, ids, ql)
+    i, n = 1, td.prompt.shape[1]
+    x = torch.cat([td.prompt, ids[i:i + 1, 1:ql[i] + 1]], 1)   # one run
+    with_p = A.layer_outputs(tiny, x, torch.tensor([[x.shape[1] - 1]]))[0, 0]
+    alone = A.layer_outputs(tiny, ids[i:i + 1, :ql[i] + 1],
+                            ql[i:i + 1, None])[0, 0]
+    assert n > 1 and (dH[i] - (with_p - alone).flatten()).abs().max() < 1e-10
