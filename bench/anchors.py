@@ -29,8 +29,9 @@ arXiv 2311.06668), implemented here from the paper's definition:
   against this formula at layer 0 and the norms at every layer.
 - lam: chosen on the validation queries only (first-token accuracy, then
   -KL to the prompted model, the rule the task and function vectors'
-  layers are chosen by), from a grid of multiples of s = <mean dH, v>, the
-  mean difference's length along v: s * {1/8, 1/4, ..., 16}. Never on test.
+  layers are chosen by), from a grid of multiples of the mean difference's
+  length |mean dH|: {1/64, 1/32, ..., 16} (eleven; at the top the steered
+  state is nearly |h| v_l / |v_l|). Never on test.
 
 Three ICVs are measured: `icv`, from the demonstrations and the
 calibration pairs (the labelled pairs the adapter's fit sees: the
@@ -82,7 +83,7 @@ from icl_book.lm_thought import teacher_forced
 from icl_book.task_suite import template_parts, token_ids
 from icl_book.weights import load_pretrained
 
-GRID = (0.125, 0.25, 0.5, 1., 2., 4., 8., 16.)   # lam / s
+GRID = tuple(2. ** k for k in range(-6, 5))   # lam / |mean dH|: 1/64..16
 
 named = lambda m: dict(first_token_acc=m['accuracy_first'],
                        answer_acc=m['accuracy'], kl_first=m['kl_first'])
@@ -163,6 +164,7 @@ def icv_logprobs(model, start: int, ids, v, lam: float) -> torch.Tensor:
 
 def pick_lam(model, td, ref1, v, s: float) -> tuple:
     "lam from s * GRID by validation (first-token accuracy, then -KL)."
+    # s: the scale, |mean dH|
     vids, rows, target = first_tokens(td.val)
     sc = {}
     for k in GRID:
@@ -228,8 +230,9 @@ def run_icv(model, tok, td, cfg, pairs, ref, centred=True,
     dH = (prompt_differences(model, td, ids, ql) if prompt
           else icv_differences(model, ids, ql, al))
     v, s = icv_direction(dH, centred)
+    m = float(dH.mean(0).norm())
     t1 = time.perf_counter()
-    lam, val = pick_lam(model, td, ref['ref1'], v, s)
+    lam, val = pick_lam(model, td, ref['ref1'], v, m)
     t2 = time.perf_counter()
     chk = check_icv(model, ids, ql, al, dH, v, lam, 1e-4, centred)
     m = split_metrics(ref['ref'], icv_logprobs(model, td.start, td.test.ids,
@@ -237,9 +240,9 @@ def run_icv(model, tok, td, cfg, pairs, ref, centred=True,
     return dict(named(m), seconds=round(t2 - t0, 2),
                 fit_s=round(t1 - t0, 2), select_s=round(t2 - t1, 2),
                 icv_pairs=len(pairs), centred=centred, target=(
-                    'prompt' if prompt else 'answer'), lam=round(lam, 4), s=round(s, 4),
-                lam_over_s=round(lam / s, 4), val_first_token_acc=val,
-                cos_v_mean=round(s / float(dH.mean(0).norm()), 4),
+                    'prompt' if prompt else 'answer'), lam=round(lam, 4), mean_norm=round(m, 4),
+                lam_over_mean_norm=round(lam / m, 4),
+                val_first_token_acc=val, cos_v_mean=round(s / m, 4),
                 checks={k: float(f'{x:.2e}') for k, x in chk.items()})
 
 
