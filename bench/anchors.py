@@ -225,24 +225,28 @@ def prompt_differences(model, td, ids, ql) -> torch.Tensor:
 def run_icv(model, tok, td, cfg, pairs, ref, centred=True,
             prompt=False) -> dict:
     "An ICV from `pairs`, its lam by validation, test metrics, seconds."
+    if prompt and list(pairs) != list(td.cal.items):
+        raise ValueError("an ICV with the prompt as its target is made from "
+                         "the calibration queries: pass td.cal.items")
     t0 = time.perf_counter()
     ids, ql, al = pair_batch(tok, pairs, cfg.template, td.start)
     dH = (prompt_differences(model, td, ids, ql) if prompt
           else icv_differences(model, ids, ql, al))
     v, s = icv_direction(dH, centred)
-    m = float(dH.mean(0).norm())
+    mn = float(dH.mean(0).norm())
     t1 = time.perf_counter()
-    lam, val = pick_lam(model, td, ref['ref1'], v, m)
+    lam, val = pick_lam(model, td, ref['ref1'], v, mn)
     t2 = time.perf_counter()
     chk = check_icv(model, ids, ql, al, dH, v, lam, 1e-4, centred)
     m = split_metrics(ref['ref'], icv_logprobs(model, td.start, td.test.ids,
                                                v, lam), td.test)
     return dict(named(m), seconds=round(t2 - t0, 2),
                 fit_s=round(t1 - t0, 2), select_s=round(t2 - t1, 2),
-                icv_pairs=len(pairs), centred=centred, target=(
-                    'prompt' if prompt else 'answer'), lam=round(lam, 4), mean_norm=round(m, 4),
-                lam_over_mean_norm=round(lam / m, 4),
-                val_first_token_acc=val, cos_v_mean=round(s / m, 4),
+                icv_pairs=len(pairs), centred=centred,
+                target='prompt' if prompt else 'answer', lam=round(lam, 4),
+                mean_norm=round(mn, 4),
+                lam_over_mean_norm=round(lam / mn, 4),
+                val_first_token_acc=val, cos_v_mean=round(s / mn, 4),
                 checks={k: float(f'{x:.2e}') for k, x in chk.items()})
 
 

@@ -123,3 +123,21 @@ def test_prompt_differences_are_with_prompt_minus_alone(tiny):
     alone = A.layer_outputs(tiny, ids[i:i + 1, :ql[i] + 1],
                             ql[i:i + 1, None])[0, 0]
     assert n > 1 and (dH[i] - (with_p - alone).flatten()).abs().max() < 1e-10
+
+
+@pytest.mark.parametrize("centred, prompt", [(True, False), (False, True)])
+def test_run_icv_reports_test_metrics_and_its_checks(tiny, centred, prompt):
+    cfg = C.CompressConfig(shots=2, n_cal=4, n_val=3, n_test=3, seed=0)
+    td = T.encode_task(CharTok(), [dict(input=x, output=y) for x, y in PAIRS],
+                       cfg)
+    ref = A.reference_run(tiny, td, ("out",))
+    pairs = list(td.demos) + td.cal.items
+    if prompt:
+        with pytest.raises(ValueError, match="calibration queries"):
+            A.run_icv(tiny, CharTok(), td, cfg, pairs, ref, centred, prompt)
+        pairs = td.cal.items
+    r = A.run_icv(tiny, CharTok(), td, cfg, pairs, ref, centred, prompt)
+    assert 0 <= r["first_token_acc"] <= 1 and 0 <= r["answer_acc"] <= 1
+    assert r["icv_pairs"] == len(pairs) and r["target"] == ("prompt" if prompt
+                                                   else "answer")
+    assert max(r["checks"].values()) < 1e-4
