@@ -4,6 +4,7 @@ JSON line per task and method (bench/anchors.jsonl).
 
     python bench/anchors.py data/heldout/*.json antonym capitalize ... \
         [--seed 0] [--threads 1] [--out bench/anchors.jsonl]
+    python bench/anchors.py --table bench/anchors.jsonl   # the table
 
 ICV (Liu, Ye, Xing & Zou 2023, "In-context Vectors: Making In Context
 Learning More Effective and Controllable Through Latent Space Steering",
@@ -294,13 +295,41 @@ def run(model, tok, task: str, seed: int) -> list:
     return [dict(base, method=k, **v) for k, v in rows.items()]
 
 
+ORDER = ('zero_shot', 'icl', 'task_vector', 'icv', 'icv_uncentred',
+         'icv_demos', 'icv_prompt', 'adapter')
+
+
+def table(path: str) -> str:
+    "A markdown table of a results file: first-token / answer acc, seconds."
+    rows = [json.loads(l) for l in open(path)]
+    tasks = list(dict.fromkeys(r['task'] for r in rows))
+    got = {(r['task'], r['method']): r for r in rows}
+    ms = [m for m in ORDER if any((t, m) in got for t in tasks)]
+    out = ['| task | ' + ' | '.join(ms) + ' |', '|---' * (len(ms) + 1) + '|']
+    for t in tasks:
+        cell = lambda r: (f"{r['first_token_acc']:.2f} / {r['answer_acc']:.2f}"
+                          + (f" ({r['seconds']:.1f} s)" if 'seconds' in r
+                             else '')) if r else ''
+        out.append(f'| {t} | ' + ' | '.join(cell(got.get((t, m)))
+                                            for m in ms) + ' |')
+    mean = lambda m, k: sum(got[t, m][k] for t in tasks) / len(tasks)
+    if all((t, m) in got for t in tasks for m in ms):
+        out.append('| mean | ' + ' | '.join(
+            f"{mean(m, 'first_token_acc'):.3f} / {mean(m, 'answer_acc'):.3f}"
+            for m in ms) + ' |')
+    return '\n'.join(out)
+
+
 def main():
     p = argparse.ArgumentParser()
-    p.add_argument('tasks', nargs='+')
+    p.add_argument('tasks', nargs='*')
+    p.add_argument('--table', default=None,
+                   help='print the table of this results file and stop')
     p.add_argument('--seed', type=int, default=0)
     p.add_argument('--threads', type=int, default=1)
     p.add_argument('--out', default=None, help='append the lines here too')
     a = p.parse_args()
+    if a.table: return print(table(a.table))
     torch.set_num_threads(a.threads)
     model, tok = load_pretrained('smollm2')
     cmd = ' '.join(['python'] + sys.argv)
