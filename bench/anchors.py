@@ -69,6 +69,13 @@ Fairness caveats: ICV was designed for style / safety steering of
 free-form generation, not for few-shot tasks whose answers are single
 facts; the query-alone vs query-with-answer pairs are our mapping of the
 paper's (original, target) pairs onto such tasks, as the issue specifies.
+On SmolLM2 the zero-shot floor is near 0 (without demonstrations the model
+does not answer in the format), and where every lam of the grid scores 0
+on validation the choice falls to the KL; the ICVs of that mapping stay near
+the floor on most tasks (--table), so the comparison says the mapping, not
+the steering form, carries little of the task: `icv_prompt_uncentred`,
+whose pairs carry the prompt's effect, is the ICV to compare with the task
+vector. All rows: seed 0 only (issue 39 asks for 3 seeds on the suite).
 """
 import argparse, json, sys, time
 from contextlib import ExitStack, contextmanager
