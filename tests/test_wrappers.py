@@ -135,8 +135,12 @@ def test_bridge_weight_written_inside_patched_is_refused():
     weight, and the next patched call must see the write."""
     br, hf = bridge("llama", "float64")
     C, x = ids(1, 6, 4), ids(1, 2, 5)
+    assert_write_refused(br, C, x, hf.model.layers[0].mlp.up_proj.weight)
+
+
+def assert_write_refused(br, C, x, w):
+    "A weight `w` of bridge `br` written in place inside `patched`: refused."
     P = context_patches(br, C, x)
-    w = hf.model.layers[0].mlp.up_proj.weight
     with pytest.raises(ValueError, match="changed inside patched"):
         with patched(br, P), torch.no_grad():
             w.add_(1.)                             # a write the check must see
@@ -288,12 +292,7 @@ def test_native_refusals():
         context_patches(native(None, act_fn='gelu', normalization_type='LNPre'),
                         C, x)
     br = native('gpt2')
-    P = context_patches(br, C, x)
-    w = br.original_model.layers[0].mlp.fc_in.weight
-    with pytest.raises(ValueError, match="changed inside patched"):
-        with patched(br, P), torch.no_grad():
-            w.add_(1.)                             # a write the check must see
-            br(x)
+    assert_write_refused(br, C, x, br.original_model.layers[0].mlp.fc_in.weight)
 
 
 def test_native_training_mode_reads_as_eval():
