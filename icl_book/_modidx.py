@@ -901,6 +901,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                      'icl_book.task_suite.check_length': ('task_suite.html#check_length', 'icl_book/task_suite.py'),
                                      'icl_book.task_suite.demo_text': ('task_suite.html#demo_text', 'icl_book/task_suite.py'),
                                      'icl_book.task_suite.encode_task': ('task_suite.html#encode_task', 'icl_book/task_suite.py'),
+                                     'icl_book.task_suite.join_splits': ('task_suite.html#join_splits', 'icl_book/task_suite.py'),
                                      'icl_book.task_suite.kv_numel': ('task_suite.html#kv_numel', 'icl_book/task_suite.py'),
                                      'icl_book.task_suite.load_task': ('task_suite.html#load_task', 'icl_book/task_suite.py'),
                                      'icl_book.task_suite.task_file': ('task_suite.html#task_file', 'icl_book/task_suite.py'),

@@ -14,7 +14,8 @@ from .lm_thought import pad_batch
 
 # %% auto #0
 __all__ = ['TASKS', 'TEMPLATE', 'task_file', 'load_task', 'task_name', 'SplitConfig', 'template_parts', 'Split', 'TaskData',
-           'token_ids', 'demo_text', 'encode_task', 'kv_numel', 'budget_numbers', 'check_length', 'CharTokenizer']
+           'token_ids', 'demo_text', 'encode_task', 'kv_numel', 'budget_numbers', 'check_length', 'CharTokenizer',
+           'join_splits']
 
 # %% ../nbs/22_task_suite.ipynb #e3aedd5c
 TASKS = ('antonym', 'capitalize', 'country-capital', 'english-french',
@@ -248,3 +249,18 @@ class CharTokenizer:
     bos_token_id, eos_token_id = 0, 1
     def __call__(self, text: str, add_special_tokens: bool = False):
         return type('Enc', (), {'input_ids': [2 + ord(c) % 95 for c in text]})
+
+# %% ../nbs/22_task_suite.ipynb #ts14k
+def join_splits(a: Split, b: Split,   # two splits of one task
+                pad: int,            # the id after a query (the start token)
+                ) -> Split:
+    "The queries of a, then those of b, as one Split padded with pad."
+    # e.g. join_splits(td.cal, td.val, td.start): (K_a + K_b, max T) ids
+    T = max(a.ids.shape[1], b.ids.shape[1])
+    grow = lambda t, v: torch.nn.functional.pad(t, (0, T - t.shape[1]),
+                                                value=v)
+    return Split(list(a.items) + list(b.items),
+                 torch.cat([grow(a.ids, pad), grow(b.ids, pad)]),
+                 torch.cat([grow(a.mask, False), grow(b.mask, False)]),
+                 torch.cat([grow(a.answer, False), grow(b.answer, False)]),
+                 torch.cat([a.last, b.last]))
