@@ -53,7 +53,7 @@ def test_at_most_15_top_level_names_each_resolving():
         icl.prefix_updates
 
 
-# fit_adapter fits a patch on a real LM (seconds to minutes): its chapter (24_compress) runs it instead
+# fit_adapter fits a patch on a real LM (seconds to minutes): its library chapter (24_compress) runs it instead
 EXAMPLES = [n for n in icl.__all__ if callable(getattr(icl, n))
             and n not in ("fit_adapter", "Compressed")]
 

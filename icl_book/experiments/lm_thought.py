@@ -22,7 +22,7 @@ def capitals() -> dict:
 # %% ../../nbs/21_lm_thought.ipynb #c01411c
 @dataclass
 class CapitalsConfig:
-    "This chapter's experiment: the capitals prompt compressed (SmolLM2)."
+    "The capitals prompt compressed on SmolLM2 (33_compress_full's run)."
     shots: int = 8              # examples in the few-shot prompt
     n_test: int = 40            # held-out test queries (countries)
     n_cal: int = 60             # calibration queries (countries and states)
