@@ -19,8 +19,8 @@ from .patch import token_patch_factors
 
 # %% auto #0
 __all__ = ['PATCH_MODES', 'MODES', 'VERIFY_DEFAULTS', 'BlockPatch', 'attention_residual', 'block_patch_factors', 'LMConfig',
-           'TinyLM', 'DeepPatch', 'context_patches', 'patch_errors', 'greedy', 'greedy_patched', 'load_patches',
-           'verify']
+           'TinyLM', 'DeepPatch', 'context_patches', 'patch_errors', 'greedy', 'greedy_patched', 'verify',
+           'load_patches']
 
 # %% ../nbs/03_deep.ipynb #3ca65109
 class BlockPatch(NamedTuple):
@@ -426,6 +426,65 @@ def greedy_patched(model: TinyLM,          # a token model
     out = q[:, x.shape[1]:]
     return (out, torch.stack(logits, 1)) if return_logits else out
 
+# %% ../nbs/03_deep.ipynb #f0058956
+VERIFY_DEFAULTS = dict(d_model=64, heads=4, d_mlp=256, causal=True,
+                       mode='bias', batch=1, closed_loop=True)
+
+def _verify_bytes(s, L, T, q, B, d, H) -> float:
+    "Estimated peak bytes of `verify`: weights, kept activations, score chunk."
+    weights = L * (4 * d * d + 2 * d * H + 6 * d + H)
+    kept = B * T * (d * (L + 8) + 2 * H) + B * q * L * (4 * d + H)
+    return s * (weights + kept) + 8 * 2 ** 22 * 2
+
+def _verify_settings(layers, context, query, dtype, seed, more) -> tuple:
+    "Check the settings of `verify`; return the options, dtype and its name."
+    unknown = sorted(set(more) - set(VERIFY_DEFAULTS))
+    if unknown:
+        raise TypeError(f"unknown settings {unknown}; verify also takes "
+                        f"{sorted(VERIFY_DEFAULTS)}")
+    opts = {**VERIFY_DEFAULTS, **more}
+    dt = resolve_dtype(dtype); name = str(dt).removeprefix('torch.')
+    sizes = dict(layers=layers, context=context, query=query,
+                 **{k: opts[k] for k in ('batch', 'd_model', 'heads', 'd_mlp')})
+    for k, v in sizes.items():
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ValueError(f"{k} must be a positive integer, got {v!r}")
+    check_int('seed', seed, 0, 2**63 - 2)        # seed + 1 seeds the inputs
+    check_memory('verify with these sizes', _verify_bytes(
+        dt.itemsize, layers, context + query, query, opts['batch'],
+        opts['d_model'], opts['d_mlp']))
+    return opts, dt, name
+
+# %% ../nbs/03_deep.ipynb #f0058957
+def verify(layers: int = 10,            # Pre-LN blocks L
+           context: int = 256,          # context tokens n
+           query: int = 1,              # query tokens q
+           dtype='float32',             # 'float32' or 'float64'
+           layer_kind: str = 'softmax', # contextual layer, one of LAYER_KINDS
+           seed: int = 0,               # seeds the weights (seed + 1: inputs)
+           **more,                      # any of VERIFY_DEFAULTS
+          ) -> dict:
+    "Patch a random Pre-LN stack end to end; settings and errors as a dict."
+    opts, dt, name = _verify_settings(layers, context, query, dtype, seed, more)
+    t0 = time.perf_counter()
+    model = PreLNStack(StackConfig(
+        depth=layers, d_model=opts['d_model'], heads=opts['heads'],
+        d_mlp=opts['d_mlp'], kind=layer_kind, causal=opts['causal'],
+        seed=seed, dtype=name))
+    g = torch.Generator().manual_seed(seed + 1)
+    X = torch.randn(opts['batch'], context + query, opts['d_model'],
+                    generator=g, dtype=dt)                 # (B, n + q, d)
+    err = patch_errors(model, X[:, :context], X[:, context:], opts['mode'],
+                       opts['closed_loop'])
+    worst = max(err['per_layer'])
+    return dict(layers=layers, context=context, query=query, dtype=name,
+                layer_kind=layer_kind, seed=seed, **opts,
+                max_rel_err=worst, output_rel_err=err['output'],
+                per_layer_rel_err=err['per_layer'],
+                tolerance=TOLERANCE[name], ok=worst <= TOLERANCE[name],
+                patch_numbers_per_position=err['numel'],
+                seconds=round(time.perf_counter() - t0, 3))
+
 # %% ../nbs/03_deep.ipynb #dp_keep2
 _DEEP_FORMAT = 'icl_book.deep_patch/1'
 _FREE_CFG = ('seed', 'dtype')   # checked through the weights and their dtype
@@ -526,62 +585,3 @@ def load_patches(path,    # a file written by `DeepPatch.save`
                    for p in meta['parts'])
     return DeepPatch(layers, meta['start'], meta['mode'], t['query'],
                      _model_key(model), _versions(model))
-
-# %% ../nbs/03_deep.ipynb #f0058956
-VERIFY_DEFAULTS = dict(d_model=64, heads=4, d_mlp=256, causal=True,
-                       mode='bias', batch=1, closed_loop=True)
-
-def _verify_bytes(s, L, T, q, B, d, H) -> float:
-    "Estimated peak bytes of `verify`: weights, kept activations, score chunk."
-    weights = L * (4 * d * d + 2 * d * H + 6 * d + H)
-    kept = B * T * (d * (L + 8) + 2 * H) + B * q * L * (4 * d + H)
-    return s * (weights + kept) + 8 * 2 ** 22 * 2
-
-def _verify_settings(layers, context, query, dtype, seed, more) -> tuple:
-    "Check the settings of `verify`; return the options, dtype and its name."
-    unknown = sorted(set(more) - set(VERIFY_DEFAULTS))
-    if unknown:
-        raise TypeError(f"unknown settings {unknown}; verify also takes "
-                        f"{sorted(VERIFY_DEFAULTS)}")
-    opts = {**VERIFY_DEFAULTS, **more}
-    dt = resolve_dtype(dtype); name = str(dt).removeprefix('torch.')
-    sizes = dict(layers=layers, context=context, query=query,
-                 **{k: opts[k] for k in ('batch', 'd_model', 'heads', 'd_mlp')})
-    for k, v in sizes.items():
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise ValueError(f"{k} must be a positive integer, got {v!r}")
-    check_int('seed', seed, 0, 2**63 - 2)        # seed + 1 seeds the inputs
-    check_memory('verify with these sizes', _verify_bytes(
-        dt.itemsize, layers, context + query, query, opts['batch'],
-        opts['d_model'], opts['d_mlp']))
-    return opts, dt, name
-
-# %% ../nbs/03_deep.ipynb #f0058957
-def verify(layers: int = 10,            # Pre-LN blocks L
-           context: int = 256,          # context tokens n
-           query: int = 1,              # query tokens q
-           dtype='float32',             # 'float32' or 'float64'
-           layer_kind: str = 'softmax', # contextual layer, one of LAYER_KINDS
-           seed: int = 0,               # seeds the weights (seed + 1: inputs)
-           **more,                      # any of VERIFY_DEFAULTS
-          ) -> dict:
-    "Patch a random Pre-LN stack end to end; settings and errors as a dict."
-    opts, dt, name = _verify_settings(layers, context, query, dtype, seed, more)
-    t0 = time.perf_counter()
-    model = PreLNStack(StackConfig(
-        depth=layers, d_model=opts['d_model'], heads=opts['heads'],
-        d_mlp=opts['d_mlp'], kind=layer_kind, causal=opts['causal'],
-        seed=seed, dtype=name))
-    g = torch.Generator().manual_seed(seed + 1)
-    X = torch.randn(opts['batch'], context + query, opts['d_model'],
-                    generator=g, dtype=dt)                 # (B, n + q, d)
-    err = patch_errors(model, X[:, :context], X[:, context:], opts['mode'],
-                       opts['closed_loop'])
-    worst = max(err['per_layer'])
-    return dict(layers=layers, context=context, query=query, dtype=name,
-                layer_kind=layer_kind, seed=seed, **opts,
-                max_rel_err=worst, output_rel_err=err['output'],
-                per_layer_rel_err=err['per_layer'],
-                tolerance=TOLERANCE[name], ok=worst <= TOLERANCE[name],
-                patch_numbers_per_position=err['numel'],
-                seconds=round(time.perf_counter() - t0, 3))

@@ -157,6 +157,19 @@ def test_inplace_matches_functional_and_restores_on_exception(mode):
     assert rel_err(p.apply(lm, x), target) <= 1e-10
 
 
+def test_inplace_refuses_a_second_patch_on_a_patched_model():
+    lm = _lm()
+    C, x = torch.randint(0, 23, (1, 10)), torch.randint(0, 23, (1, 1))
+    before = {k: v.clone() for k, v in lm.state_dict().items()}
+    p = context_patches(lm, C, x)
+    with p.inplace(lm):
+        with pytest.raises(RuntimeError, match="already patched"):
+            p.inplace(lm).__enter__()                    # the same patch again
+        with pytest.raises(RuntimeError, match="already patched"):
+            context_patches(lm, C[:, :5], x).inplace(lm).__enter__()  # another C
+    assert all(torch.equal(v, before[k]) for k, v in lm.state_dict().items())
+
+
 def test_bad_inputs_raise_clear_errors():
     lm = _lm(n_pos=16)
     C, x = torch.randint(0, 23, (1, 10)), torch.randint(0, 23, (1, 3))

@@ -20,7 +20,7 @@ def plot_training(logs: dict,  # load_log(name) per checkpoint name
                  ):
     "Figure: test loss with context over training, for each shipped model."
     set_style()
-    fig, ax = plt.subplots(figsize=(8, 4))
+    fig, ax = plt.subplots(figsize=(8, 4.8))
     for k, (name, rec) in enumerate(logs.items()):
         lg = rec['log']
         ax.plot(lg['step'], lg['test_ctx'], color=f'C{k}',
@@ -28,6 +28,7 @@ def plot_training(logs: dict,  # load_log(name) per checkpoint name
     ax.axhline(ref['ridge'], color='k', ls='-.', lw=1, label='ridge (Bayes)')
     ax.axhline(ref['zero'], color='k', ls=':', lw=1, label='predict 0')
     ax.set(yscale='log', xlabel='training step', ylabel='test MSE (with context)')
-    ax.legend(fontsize=10, loc='upper left', bbox_to_anchor=(1.01, 1))
-    fig.tight_layout()             # the legend right of the axes, off the curves
+    ax.legend(fontsize=10, ncol=4, loc='upper center',
+              bbox_to_anchor=(0.5, -0.17))   # below the axes, off the curves
+    fig.tight_layout()
     return fig
