@@ -88,14 +88,17 @@ from icl_book.baselines import (first_token_scores, first_tokens,
                                 split_metrics)
 from icl_book.hf_checks import check_model
 from icl_book.hf_patch import output_tensor
-from icl_book.lm_thought import teacher_forced
-from icl_book.task_suite import template_parts, token_ids
+from icl_book.lm_thought import icl_logprobs, teacher_forced
+from icl_book.task_suite import join_splits, template_parts, token_ids
 from icl_book.weights import load_pretrained
 
 GRID = tuple(2. ** k for k in range(-6, 5))   # lam / |mean dH|: 1/64..16
 
 ORDER = ('zero_shot', 'icl', 'task_vector', 'icv', 'icv_uncentred',
-         'icv_demos', 'icv_prompt', 'icv_prompt_uncentred', 'adapter')
+         'icv_demos', 'icv_prompt', 'icv_prompt_uncentred', 'baked',
+         'adapter')
+
+BAKE = dict(lr=3e-3, steps=100, batch=16, every=20, patience=3)
 
 named = lambda m: dict(first_token_acc=m['accuracy_first'],
                        answer_acc=m['accuracy'], kl_first=m['kl_first'])
@@ -263,16 +266,132 @@ def run_icv(model, tok, td, cfg, pairs, ref, centred=True,
 
 
 def run_adapter(model, td, cfg, ref) -> dict:
-    "compress --out's default adapter on the calibration queries, timed."
+    "compress --evaluate's adapter: fitted on calibration + validation, timed."
     name = f'{C.ADAPTER} rrr{C.ADAPTER_RANK}'
     t0 = time.perf_counter()
-    S = icl_states(model, td.prompt, td.cal, parts=('layers',))
-    tp = C.fit_variant(model, td.prompt, td.cal, name, S, cfg.lam)
+    fit = join_splits(td.cal, td.val, td.start)
+    S = icl_states(model, td.prompt, fit, parts=('layers',))
+    tp = C.fit_variant(model, td.prompt, fit, name, S, cfg.lam)
     sec = time.perf_counter() - t0
     lp = teacher_forced(model, td.prompt[:, :1], td.test.ids, tp, keep=1)
     return dict(named(split_metrics(ref['ref'], lp, td.test)),
-                seconds=round(sec, 2), variant=name)
+                seconds=round(sec, 2), variant=name, fit_queries=len(
+                    fit.items))
 
+
+@contextmanager
+def lora_hooks(model, AB):
+    "down_proj's output y -> y + x A^T B^T at each layer: a LoRA, scaling 1."
+    with ExitStack() as st:
+        for lay, (A, B) in zip(check_model(model).layers, AB):
+            st.callback(lay.last.register_forward_hook(
+                lambda m, a, y, A=A, B=B: y + (a[0] @ A.T) @ B.T).remove)
+        yield model
+
+
+def baked_logprobs(model, start: int, ids, AB, at=None) -> torch.Tensor:
+    "Log-probs (K, T, V) along ids after the start token, the LoRA on."
+    # at: (K, T) bool, only those positions: (N, V)
+    x = torch.cat([torch.full((ids.shape[0], 1), start, dtype=ids.dtype),
+                   ids], 1)
+    with lora_hooks(model, AB):
+        h = model.base_model(x, attention_mask=torch.ones_like(x),
+                             use_cache=False).last_hidden_state[:, 1:]
+    h = h if at is None else h[at]
+    return model.get_output_embeddings()(h).log_softmax(-1)
+
+
+def check_baked_peft(model, start: int, ids, AB, rank: int, lp) -> float:
+    "The hooks are a PEFT LoRA: its log-probs on ids against lp, relative."
+    import copy
+    from peft import LoraConfig, get_peft_model
+    net = copy.deepcopy(model)
+    names = {id(m): n for n, m in net.named_modules()}
+    targets = [names[id(lay.last)] for lay in check_model(net).layers]
+    pm = get_peft_model(net, LoraConfig(
+        r=rank, lora_alpha=rank, target_modules=targets, lora_dropout=0.0,
+        bias='none'))
+    with torch.no_grad():
+        for n, (A, B) in zip(targets, AB):
+            mod = pm.base_model.model.get_submodule(n)
+            mod.lora_A['default'].weight.copy_(A)
+            mod.lora_B['default'].weight.copy_(B)
+        x = torch.cat([torch.full((ids.shape[0], 1), start, dtype=ids.dtype),
+                       ids], 1)
+        got = pm(input_ids=x, attention_mask=torch.ones_like(x)
+                 ).logits[:, 1:].log_softmax(-1)
+    err = float((got - lp).abs().max() / lp.abs().max())
+    assert err < 1e-5, f"the baked LoRA is not the PEFT LoRA: {err:.1e}"
+    return float(f'{err:.1e}')
+
+
+def run_baked(model, td, ref, rank: int, seed: int, lr: float, steps: int,
+              batch: int, every: int, patience: int) -> dict:
+    """Prompt baking: a LoRA of the adapter's targets and rank (each layer's
+    down_proj, rank `rank`, scaling 1) trained by KL to the prompted model.
+
+    Data: the calibration queries with their answers (the pairs the
+    adapter's fit sees), teacher forced; the loss is KL(prompted || LoRA)
+    averaged over every real position of query + answer (the prompted
+    model's next-token distributions along the sequence, as in prompt
+    baking). Adam (lr), `batch` queries drawn at random each step (the full
+    batch costs 9 s a step on one core); A ~ U(+-1/sqrt(H)) (seeded), B = 0,
+    so training starts at the model without the prompt. Every `every` steps
+    the LoRA is scored on the validation queries (first-token accuracy, then
+    -KL, the rule every other method's knob is chosen by); the best is kept,
+    and training stops after `patience` scores without improvement or at
+    `steps`. Never on test."""
+    g = torch.Generator().manual_seed(seed)
+    cal, L = td.cal, check_model(model).layers
+    t0 = time.perf_counter()
+    with torch.no_grad():
+        teach = icl_logprobs(model, td.prompt, cal.ids)        # (K, T, V)
+    AB = []
+    for lay in L:
+        d, H = lay.last.weight.shape
+        A = (torch.rand(rank, H, generator=g) * 2 - 1) / H ** .5
+        AB.append((A.requires_grad_(), torch.zeros(d, rank,
+                                                   requires_grad=True)))
+    opt = torch.optim.Adam([t for ab in AB for t in ab], lr=lr)
+    m = cal.mask.bool()
+    vids, rows, target = first_tokens(td.val)
+    need = [p.requires_grad for p in model.parameters()]
+    for p in model.parameters(): p.requires_grad_(False)
+    best, keep, bad, curve, step = None, None, 0, [], 0
+    try:
+        while step < steps and bad < patience:
+            for _ in range(every):
+                i = torch.randperm(len(cal.items), generator=g)[:batch]
+                lp = baked_logprobs(model, td.start, cal.ids[i], AB, m[i])
+                t = teach[i][m[i]]
+                kl = (t.exp() * (t - lp)).sum(-1).mean()
+                opt.zero_grad(); kl.backward(); opt.step(); step += 1
+            with torch.no_grad():
+                lp1 = baked_logprobs(model, td.start, vids, AB)[
+                    rows, td.val.last]
+            sc = first_token_scores(lp1, ref['ref1'], target)
+            curve.append([step, round(kl.item(), 4), round(sc[0], 4),
+                          round(-sc[1], 4)])
+            print(f'  baked: step {step}, KL {kl.item():.3f}, validation '
+                  f'{sc[0]:.2f} / {-sc[1]:.3f} ({time.perf_counter() - t0:.0f}'
+                  ' s)', file=sys.stderr, flush=True)
+            if best is None or sc > best:
+                best, bad, chosen = sc, 0, step
+                keep = [(A.detach().clone(), B.detach().clone())
+                        for A, B in AB]
+            else: bad += 1
+    finally:
+        for p, r in zip(model.parameters(), need): p.requires_grad_(r)
+    sec = time.perf_counter() - t0
+    with torch.no_grad():
+        lp = baked_logprobs(model, td.start, td.test.ids, keep)
+    peft = check_baked_peft(model, td.start, td.test.ids[:4], keep, rank,
+                            lp[:4])
+    return dict(named(split_metrics(ref['ref'], lp, td.test)), peft=peft,
+                seconds=round(sec, 2), rank=rank, lr=lr, batch=batch,
+                steps_run=step, steps_chosen=chosen, every=every,
+                curve=curve,
+                numel=sum(A.numel() + B.numel() for A, B in keep))
 
 
 def run(model, tok, task: str, seed: int, methods=None) -> list:
@@ -302,6 +421,8 @@ def run(model, tok, task: str, seed: int, methods=None) -> list:
         icv=icv(both), icv_uncentred=icv(both, centred=False),
         icv_demos=icv(list(td.demos)), icv_prompt=icv(cal, prompt=True),
         icv_prompt_uncentred=icv(cal, prompt=True, centred=False),
+        baked=lambda: run_baked(model, td, ref, C.ADAPTER_RANK, seed,
+                                **BAKE),
         adapter=lambda: run_adapter(model, td, cfg, ref))
     rows = {k: make[k]() for k in ORDER if k in want}
     base = dict(task=C.task_name(task), pairs=n, shots=cfg.shots,
@@ -341,7 +462,10 @@ def main():
     p.add_argument('--out', default=None, help='append the lines here too')
     p.add_argument('--methods', nargs='+', choices=ORDER, default=None,
                    help='only these (default: all)')
+    p.add_argument('--bake-lr', type=float, default=BAKE['lr'])
+    p.add_argument('--bake-steps', type=int, default=BAKE['steps'])
     a = p.parse_args()
+    BAKE.update(lr=a.bake_lr, steps=a.bake_steps)
     if a.table: return print(table(a.table))
     torch.set_num_threads(a.threads)
     model, tok = load_pretrained('smollm2')

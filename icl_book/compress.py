@@ -24,7 +24,7 @@ from icl_book.lm_thought import (
 from .task_suite import (    # load_task: also importable from here
     TASKS, TEMPLATE, task_file, load_task, SplitConfig, Split, TaskData,
     encode_task, template_parts, token_ids, kv_numel, check_length,
-    budget_numbers, task_name)
+    budget_numbers, task_name, join_splits)
 from .baselines import (
     icl_states, attention_heads, task_vectors, first_tokens,
     first_token_scores, pick_layer, shuffled_prompt, head_effects,
@@ -367,13 +367,14 @@ def _fits(model, name: str, B: int) -> bool:
 
 # %% ../nbs/24_compress.ipynb #ev1tp
 def _patches(model, td: TaskData, names, S, cfg, firsts, ref, ref1, b, B,
-             tv):
-    "Each thought-patch variant: fitted, validated, tested, its size."
+             tv, fit: Split = None):
+    "Each thought-patch variant: fitted (on fit, else td.cal), validated, tested."
     P, (vids, vrows, _), var, fits = td.prompt, firsts, {}, {}
     for name in names:
         on = tv if name.startswith(TV) else None      # (layer, vector)
         lora = variant(name)[0] == ADAPTER     # positions as without P
-        tp = fit_variant(model, P, td.cal, name, S, cfg.lam, fits, B, on)
+        tp = fit_variant(model, P, fit or td.cal, name, S, cfg.lam, fits, B,
+                         on)
         lp = lambda ids, s: teacher_forced(
             model, P[:, :1] if lora else P, ids, tp, keep=1) if (
             on is None) else vector_patch_logprobs(model, P, ids, s.last,
@@ -391,7 +392,7 @@ def _patches(model, td: TaskData, names, S, cfg, firsts, ref, ref1, b, B,
         b.update()
         var[name] = dict(val=first_token_scores(lpv, ref1, td.val.ids[
             vrows, td.val.last + 1]), test=m, numel=c.numel(), obj=c,
-            rank=rank)
+            rank=rank, fit_queries=len((fit or td.cal).items))
     return var
 
 # %% ../nbs/24_compress.ipynb #ev2ref
@@ -451,24 +452,34 @@ def _thought(model, td: TaskData, ref: dict, cfg, names, methods,
     "The thought-patch variants (the best on validation), thought vector."
     want = (list(names) if 'thought_patch' in methods else []) + (
         ['thought vector'] if 'thought_vector' in methods else [])
-    with bar('thought patch: fit, validate, test', 3 * len(want)) as b:
-        var = _patches(model, td, want, ref['states'], cfg, ref['firsts'],
-                       ref['ref'], ref['ref1'], b, B, tv)
+    lora = [k for k in want if variant(k)[0] == ADAPTER]   # no knob to pick:
+    with bar('thought patch: fit, validate, test',          # fitted on cal +
+             3 * len(want) + bool(lora)) as b:               # val, not chosen
+        var = _patches(model, td, [k for k in want if k not in lora],
+                       ref['states'], cfg, ref['firsts'], ref['ref'],
+                       ref['ref1'], b, B, tv)
+        if lora:
+            fit = join_splits(td.cal, td.val, td.start)
+            S = icl_states(model, td.prompt, fit, parts=('layers',))
+            b.update()
+            var.update(_patches(model, td, lora, S, cfg, ref['firsts'],
+                                ref['ref'], ref['ref1'], b, B, tv, fit))
     out = dict(metrics={}, numel={}, objs={}, res={})
     def keep(method, v):
         out['metrics'][method], out['numel'][method] = v['test'], v['numel']
         out['objs'][method] = v['obj']
-    lora = [k for k in var if variant(k)[0] == ADAPTER]
     if lora: keep('adapter', var[lora[0]])      # the one to_peft writes
     if 'thought vector' in var:
         keep('thought_vector', var.pop('thought vector'))
-    if var:
-        best = max(var, key=lambda k: var[k]['val'])
+    if var:            # the adapter is chosen only when it is alone
+        best = max([k for k in var if k not in lora] or lora,
+                   key=lambda k: var[k]['val'])
         keep('thought_patch', var[best])
         out['res'] = dict(thought_patch_kind=best, variants={
             k: dict(val_accuracy_first=v['val'][0], val_kl_first=round(
                 -v['val'][1], 4), numel=v['numel'], rank=v['rank'],
-                **v['test']) for k, v in var.items()})
+                fit_queries=v['fit_queries'], **v['test'])
+            for k, v in var.items()})
     return out
 
 # %% ../nbs/24_compress.ipynb #ev6sum
@@ -588,16 +599,18 @@ def fit_adapter(model,   # a supported transformers model (SmolLM2)
     check_length(model, td, cfg.max_tokens)
     n = td.prompt.shape[1]
     name, B = _adapter_name(model, cfg, n)
+    fit = join_splits(td.cal, td.val, td.start)    # no knob chosen on val
     with progress('adapter: calibration states, fit', 2, verbose) as b:
-        S = icl_states(model, td.prompt, td.cal, parts=('layers',))
+        S = icl_states(model, td.prompt, fit, parts=('layers',))
         b.update()
-        tp = fit_variant(model, td.prompt, td.cal, name, S, cfg.lam,
+        tp = fit_variant(model, td.prompt, fit, name, S, cfg.lam,
                          budget=B); b.update()
     return Compressed('thought_patch', name, patch=tp, start=td.start,
                       rank=variant_ranks(model, name, B),
                       template=cfg.template, info=dict(
                           task=task_name(task), shots=cfg.shots,
-                          n_cal=cfg.n_cal, seed=cfg.seed, budget=dict(
+                          n_cal=cfg.n_cal, n_fit=len(fit.items),
+                          seed=cfg.seed, budget=dict(
                               asked=cfg.budget, numbers=B, kv_cache=kv_numel(
                                   model, n)), peft=_peft_modules(model)))
 

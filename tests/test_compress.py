@@ -481,6 +481,33 @@ def test_budget_too_small_or_malformed_is_refused(tiny):
                 shots=3, n_cal=6, n_val=4, n_test=5, budget=bad))
 
 
+def test_evaluated_adapter_is_fitted_on_calibration_and_validation(tiny):
+    """The adapter (no knob chosen on validation) is fitted on the
+    calibration and validation queries together, is the fit of that joined
+    split, and is never validation's choice among the other variants."""
+    cfg = C.CompressConfig(shots=3, n_cal=6, n_val=4, n_test=5, seed=2,
+                           rank=2, adapter=True)
+    res, objs = C.evaluate(tiny, CharTok(), PAIRS, cfg,
+                           methods=("icl", "thought_patch"))
+    name = f"{C.ADAPTER} rrr2"
+    v = res["variants"]    # seed 2: the adapter, fitted on the validation
+    assert v[name]["val_kl_first"] < v["lstsq_out rrr2"]["val_kl_first"]
+    # queries, scores lower KL on them: validation would choose it
+    assert v[name]["fit_queries"] == cfg.n_cal + cfg.n_val
+    assert all(w["fit_queries"] == cfg.n_cal for k, w in v.items()
+               if k != name)
+    assert res["thought_patch_kind"] == "lstsq_out rrr2"
+    td = T.encode_task(CharTok(), PAIRS, cfg)
+    fit = T.join_splits(td.cal, td.val, td.start)
+    want = C.fit_variant(tiny, td.prompt, fit, name, B.icl_states(
+        tiny, td.prompt, fit, parts=("layers",)), cfg.lam)
+    for a, b in zip(objs["adapter"].patch.M_out, want.M_out):
+        assert (a - b).abs().max() < 1e-12
+    c = C.fit_adapter(tiny, CharTok(), PAIRS, cfg)      # --out: the same
+    for a, b in zip(c.patch.M_out, want.M_out):
+        assert (a - b).abs().max() < 1e-12
+
+
 def test_uniform_rank_r_patch_has_rank_r_and_its_size(tiny):
     """--rank R keeps its meaning: the rank-R optimum on every layer."""
     cfg = C.CompressConfig(shots=3, n_cal=6, n_val=4, n_test=5, seed=1,
@@ -584,7 +611,7 @@ def test_cli_progress_on_stderr_and_last_stdout_line_is_json(tmp_path):
     assert set(secs) == {"icl", "task_vector", "thought_patch"}
     assert res["method_seconds"] == secs          # the older name
     assert all(isinstance(v, float) and v >= 0 for v in secs.values())
-    half = 0.005                     # wall_s is rounded to 0.01 s
+    half = 0.005 + 1e-9              # wall_s is rounded to 0.01 s (+ float)
     assert res["cli_seconds"] + half >= res["wall_s"] >= max(secs.values())
 
 
@@ -667,7 +694,8 @@ def _peft_vs_native(model, c, d, x):
     pm = PeftModel.from_pretrained(copy.deepcopy(model), d)
     q = x[:1, :4]
     gen = dict(max_new_tokens=5, do_sample=False, pad_token_id=0,
-               eos_token_id=None)
+               eos_token_id=None,   # the start token is id 0 = pad: mask it
+               attention_mask=torch.ones_like(q))     # in, not by inference
     with torch.no_grad():
         with c.applied(model):
             native, g_native = model(x).logits, model.generate(q, **gen)
