@@ -2,14 +2,16 @@
 the fit never saw: one JSON line per task (bench/adapter_heldout.jsonl).
 
     python bench/adapter_heldout.py data/heldout/*.json bench/tasks/*.json \
-        [--variants 'adapter budget' 'adapter rrr32'] [--seed 0]
+        [--variants 'adapter budget' 'adapter rrr32'] [--seeds 0 1 2]
 
 Per task, under evaluate's protocol with the command's split sizes for the
 task (`task_sizes`): the in-context reference, the task vector (every layer a
-candidate, chosen on validation) and each adapter variant fitted on the
-calibration queries (ridge 0.1), all on the same test queries: first-token and
-whole-answer accuracy, and the CPU seconds of each fit. `adapter` is the
-default variant (`compress --out`'s). One seed; 2 threads.
+candidate, chosen on validation) and each adapter variant fitted, as
+`compress --evaluate` fits it, on the calibration and validation queries
+together (ridge 0.1; no knob of the adapter is chosen on validation), all on
+the same test queries: first-token and whole-answer accuracy, and the CPU
+seconds of each fit. `adapter` is the default variant (`compress --out`'s).
+One line per task and seed (--seeds); --threads (default 2).
 """
 import argparse, json, sys, time
 
@@ -18,6 +20,8 @@ import torch
 from icl_book import compress as C
 from icl_book.baselines import reference_run, run_task_vector, split_metrics
 from icl_book.lm_thought import teacher_forced
+from icl_book.baselines import icl_states
+from icl_book.task_suite import join_splits
 from icl_book.weights import load_pretrained
 
 named = lambda m: dict(first_token_acc=m['accuracy_first'],
@@ -37,10 +41,12 @@ def run(model, tok, task: str, variants, seed: int) -> dict:
                icl=named(ref['metrics']['icl']), task_vector=named(tv),
                adapter_variant=f'{C.ADAPTER} rrr{C.ADAPTER_RANK}',
                variants={})
+    fit = join_splits(td.cal, td.val, td.start)
+    S = icl_states(model, td.prompt, fit, parts=('layers',))
+    out['fit_queries'] = len(fit.items)
     for name in variants:
         p0 = time.process_time()
-        tp = C.fit_variant(model, td.prompt, td.cal, name, ref['states'],
-                           cfg.lam, budget=B)
+        tp = C.fit_variant(model, td.prompt, fit, name, S, cfg.lam, budget=B)
         cpu = time.process_time() - p0
         lp = teacher_forced(model, td.prompt[:, :1], td.test.ids, tp, keep=1)
         out['variants'][name] = dict(named(split_metrics(ref['ref'], lp,
@@ -55,14 +61,16 @@ def main():
     p.add_argument('tasks', nargs='+')
     p.add_argument('--variants', nargs='+', default=[
         'adapter budget', f'{C.ADAPTER} rrr{C.ADAPTER_RANK}'])
-    p.add_argument('--seed', type=int, default=0)
+    p.add_argument('--seeds', type=int, nargs='+', default=[0])
+    p.add_argument('--threads', type=int, default=2)
     a = p.parse_args()
-    torch.set_num_threads(2)
+    torch.set_num_threads(a.threads)
     model, tok = load_pretrained('smollm2')
-    for t in a.tasks:
-        print(json.dumps(dict(run(model, tok, t, a.variants, a.seed),
-                              command=' '.join(['python'] + sys.argv))),
-              flush=True)
+    for seed in a.seeds:
+        for t in a.tasks:
+            print(json.dumps(dict(run(model, tok, t, a.variants, seed),
+                                  command=' '.join(['python'] + sys.argv))),
+                  flush=True)
 
 
 if __name__ == '__main__':
