@@ -1,6 +1,7 @@
-"""The in-context vector (ICV) anchor of issue 39 beside in-context learning,
-the task vector and the closed-form adapter, on the same test queries: one
-JSON line per task and method (bench/anchors.jsonl).
+"""The anchors of the closed-form adapter: the in-context vector (ICV, closed
+form) and a LoRA trained by KL to the prompted model (prompt baking), beside
+in-context learning, the task vector and the adapter, on the same test
+queries: one JSON line per task, seed and method (bench/anchors.jsonl).
 
     python bench/anchors.py data/heldout/*.json antonym capitalize ... \
         [--seed 0] [--threads 1] [--out bench/anchors.jsonl]
@@ -52,11 +53,22 @@ origin (its direction close to the mean of what the prompt adds). The paper's pu
 weighted, 0.1-scaled shift of the normalised state added after each MLP);
 we follow the text, as the issue asks.
 
+Prompt baking (Bhargava et al. 2024, arXiv 2409.13697; context distillation,
+Snell et al. 2022, arXiv 2209.15189), `baked`: a LoRA on the adapter's
+targets (every layer's down_proj) at the adapter's rank (32), so the same
+storage, trained by KL(prompted || LoRA) over every position of the
+calibration queries with their answers; Adam, lr 3e-3, 16 queries a step,
+at most 100 steps, the step kept by validation every 20 (`run_baked`'s
+docstring; `check_baked_peft` checks the hooks are the PEFT LoRA it would be
+saved as). The lr is from one run on one suite task (country-capital, seed
+0, validation only); no sweep.
+
 Protocol (the same as `compress --evaluate` and bench/adapter_heldout.py):
 the task's splits from `task_sizes(n, {}, False)` and the seed; ICL is the
 prompted model, the task vector the mean stream at the layer chosen on
 validation, the adapter `compress --out`'s default variant (rank 32 per
-layer, ridge 0.1) fitted on the calibration queries. Every method is scored
+layer, ridge 0.1) fitted on the calibration and validation queries together
+(as `compress --evaluate` fits it: it has no knob chosen on validation). Every method is scored
 on the same test queries against the prompted model: first_token_acc and
 answer_acc (the whole answer, teacher forced = greedy), `split_metrics`.
 Seconds are wall seconds on one thread (--threads 1), measured in the same
@@ -75,7 +87,9 @@ on validation the choice falls to the KL; the ICVs of that mapping stay near
 the floor on most tasks (--table), so the comparison says the mapping, not
 the steering form, carries little of the task: `icv_prompt_uncentred`,
 whose pairs carry the prompt's effect, is the ICV to compare with the task
-vector. All rows: seed 0 only (issue 39 asks for 3 seeds on the suite).
+vector. Seeds: 0, 1, 2 for every method but `baked` and the ICV variants
+other than `icv` and `icv_prompt_uncentred` (seed 0 only: baking costs
+minutes a task on one core).
 """
 import argparse, json, sys, time
 from contextlib import ExitStack, contextmanager
