@@ -85,8 +85,11 @@ def toc_files():
     "Documents listed in _toc.yml, root first (paths without suffix)."
     toc = yaml.safe_load((ROOT / "_toc.yml").read_text())
     files = [toc["root"]]
+    def add(entries):                   # a chapter, then the sections under it
+        for c in entries:
+            files.append(c["file"]); add(c.get("sections", []))
     for part in toc.get("parts", []):
-        files += [c["file"] for c in part["chapters"]]
+        add(part["chapters"])
     return files
 
 
