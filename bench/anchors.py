@@ -5,7 +5,10 @@ queries: one JSON line per task, seed and method (bench/anchors.jsonl).
 
     python bench/anchors.py data/heldout/*.json antonym capitalize ... \
         [--seed 0] [--threads 1] [--out bench/anchors.jsonl]
-    python bench/anchors.py --table bench/anchors.jsonl   # the table
+    python bench/anchors.py --table bench/anchors.jsonl [--seed 0]   # a table
+    python bench/anchors.py capitalize data/heldout/number-word.json \
+        --methods adapter baked --out bench/anchors_timing.jsonl
+        # the compute ratio: both made one after the other in one process
 
 ICV (Liu, Ye, Xing & Zou 2023, "In-context Vectors: Making In Context
 Learning More Effective and Controllable Through Latent Space Steering",
@@ -445,9 +448,9 @@ def run(model, tok, task: str, seed: int, methods=None) -> list:
     return [dict(base, method=k, **v) for k, v in rows.items()]
 
 
-def table(path: str) -> str:
-    "A markdown table of a results file: first-token / answer acc, seconds."
-    rows = [json.loads(l) for l in open(path)]
+def table(path: str, seed: int = 0) -> str:
+    "A markdown table of one seed's rows: first-token / answer acc, seconds."
+    rows = [r for r in map(json.loads, open(path)) if r['seed'] == seed]
     tasks = list(dict.fromkeys(r['task'] for r in rows))
     got = {(r['task'], r['method']): r for r in rows}
     ms = [m for m in ORDER if any((t, m) in got for t in tasks)]
@@ -480,7 +483,7 @@ def main():
     p.add_argument('--bake-steps', type=int, default=BAKE['steps'])
     a = p.parse_args()
     BAKE.update(lr=a.bake_lr, steps=a.bake_steps)
-    if a.table: return print(table(a.table))
+    if a.table: return print(table(a.table, a.seed))
     torch.set_num_threads(a.threads)
     model, tok = load_pretrained('smollm2')
     cmd = ' '.join(['python'] + sys.argv)
