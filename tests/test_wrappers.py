@@ -102,31 +102,39 @@ def bridge(arch, dtype, compat=False):
     return br, hf
 
 
-@pytest.mark.parametrize("arch", ["gpt2", "gptj", "llama"])
-@pytest.mark.parametrize("dtype,tol", [("float64", 1e-10), ("float32", 1e-4)])
-def test_bridge_exact(arch, dtype, tol):
-    br, hf = bridge(arch, dtype)
+def _patched_bridge_runs(br, parts, weights, tol, **run_kw):
+    """The patched bridge against its own run with the context: forward,
+    run_with_cache (run_kw) and a hook inside `patched`; the patches do the
+    work; `parts`' module types and `weights`' tensors are put back. The
+    patches (for their self-check)."""
     C, x = ids(2, 9, 0), ids(2, 3, 1)
     n, k, seen = C.shape[1], 'blocks.1.hook_out', []
-    kinds = [type(m) for m in hf.modules()]
-    before = snapshot(hf)
+    kinds = [type(m) for m in parts.modules()]
+    before = snapshot(weights)
     P = context_patches(br, C, x)
     with torch.no_grad():
-        full, fc = br.run_with_cache(torch.cat([C, x], 1),
-                                     output_attentions=False)
+        full, fc = br.run_with_cache(torch.cat([C, x], 1), **run_kw)
         with patched(br, P) as held:
             assert held is br
             out = br(x)
-            _, cache = br.run_with_cache(x, output_attentions=False)
+            _, cache = br.run_with_cache(x, **run_kw)
             br.run_with_hooks(x, fwd_hooks=[(k, lambda t, hook: seen.append(t))])
         alone = br(x)
     assert rel_err(out, full[:, n:]) <= tol
     assert rel_err(cache[k], fc[k][:, n:]) <= tol
     assert rel_err(seen[0], fc[k][:, n:]) <= tol
     assert rel_err(alone, full[:, n:]) > 1e-3        # the patches did the work
-    assert [type(m) for m in hf.modules()] == kinds  # the bridge put back
-    after = snapshot(hf)
+    assert [type(m) for m in parts.modules()] == kinds   # components put back
+    after = snapshot(weights)
     assert all(torch.equal(before[k], after[k]) for k in before)
+    return P
+
+
+@pytest.mark.parametrize("arch", ["gpt2", "gptj", "llama"])
+@pytest.mark.parametrize("dtype,tol", [("float64", 1e-10), ("float32", 1e-4)])
+def test_bridge_exact(arch, dtype, tol):
+    br, hf = bridge(arch, dtype)
+    _patched_bridge_runs(br, hf, hf, tol, output_attentions=False)
 
 
 def test_bridge_weight_written_inside_patched_is_refused():
@@ -217,27 +225,8 @@ def test_native_bridge_exact(style, dtype, tol, layer_tol):
     native model never reads) and a hook inside patched; the self-check's
     blocks; the bridge intact afterwards."""
     br = native(style, dtype)
-    C, x = ids(2, 9, 0), ids(2, 3, 1)
-    n, k, seen = C.shape[1], 'blocks.1.hook_out', []
-    kinds = [type(m) for m in br.modules()]
-    before = snapshot(br.original_model)
-    P = context_patches(br, C, x)
+    P = _patched_bridge_runs(br, br, br.original_model, tol)
     assert max(P.errors) <= layer_tol
-    with torch.no_grad():
-        full, fc = br.run_with_cache(torch.cat([C, x], 1))
-        with patched(br, P) as held:
-            assert held is br
-            out = br(x)
-            _, cache = br.run_with_cache(x)
-            br.run_with_hooks(x, fwd_hooks=[(k, lambda t, hook: seen.append(t))])
-        alone = br(x)
-    assert rel_err(out, full[:, n:]) <= tol
-    assert rel_err(cache[k], fc[k][:, n:]) <= tol
-    assert rel_err(seen[0], fc[k][:, n:]) <= tol
-    assert rel_err(alone, full[:, n:]) > 1e-3        # the patches did the work
-    assert [type(m) for m in br.modules()] == kinds  # the components put back
-    after = snapshot(br.original_model)
-    assert all(torch.equal(before[k], after[k]) for k in before)
 
 
 @pytest.mark.parametrize("style", list(STYLES))
