@@ -593,7 +593,7 @@ def fit_adapter(model,   # a supported transformers model (SmolLM2)
                 verbose: bool = False,   # progress on stderr
                 ) -> Compressed:
     "The prompt of `task` as an adapter (`to_peft`), with no benchmark run."
-    # cfg.n_val, cfg.n_test: held out of the fit, not run
+    # cfg.n_test: held out, not run; the validation queries join the fit
     cfg = cfg or CompressConfig()
     td = encode_task(tok, task, cfg)
     check_length(model, td, cfg.max_tokens)
@@ -776,8 +776,9 @@ def add_compress_parser(subparsers,   # ArgumentParser().add_subparsers()
                    help='calibration queries (default: 64, fewer for a '
                    'small task, at least 8)')
     p.add_argument('--validation', type=int, default=None,
-                   help='validation queries, layers and variants (default: '
-                   '32, fewer for a small task, at least 4; --out alone: 1)')
+                   help='validation queries, layers and variants; the '
+                   'adapter is fitted on them too (default: 32, fewer for '
+                   'a small task, at least 4; --out alone: 1)')
     p.add_argument('--test', type=int, default=None, help='test queries '
                    '(default: 50, fewer for a small task, at least 4; --out'
                    ' alone: 1)')
